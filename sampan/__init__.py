@@ -1,0 +1,71 @@
+"""Sampan: train, scale, compile and ship large Chinese-language models on PyTorch.
+
+The front door mirrors Paddle's so that ``import sampan as paddle`` code reads as users expect::
+
+    import sampan as paddle
+    model = paddle.nn.Linear(784, 10)
+    out = model(paddle.randn([64, 784]))
+
+PyTorch is the engine: every tensor is a ``torch.Tensor`` and every layer a ``torch.nn.Module``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from sampan.tensor import (
+    arange,
+    concat,
+    full,
+    get_default_dtype,
+    manual_seed,
+    no_grad,
+    ones,
+    rand,
+    randint,
+    randn,
+    seed,
+    set_default_dtype,
+    stack,
+    to_tensor,
+    zeros,
+)
+
+__version__ = "0.1.0"
+
+# Subpackages load on first use so `import sampan` stays as cheap as `import torch`.
+_LAZY_SUBMODULES = ("nn", "optimizer", "models", "text")
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from sampan import models, nn, optimizer, text
+
+
+def __getattr__(name: str):
+    if name in _LAZY_SUBMODULES:
+        return importlib.import_module(f"sampan.{name}")
+    raise AttributeError(f"module 'sampan' has no attribute {name!r}")
+
+
+__all__ = [
+    "__version__",
+    "arange",
+    "concat",
+    "full",
+    "get_default_dtype",
+    "manual_seed",
+    "models",
+    "nn",
+    "no_grad",
+    "ones",
+    "optimizer",
+    "rand",
+    "randint",
+    "randn",
+    "seed",
+    "set_default_dtype",
+    "stack",
+    "text",
+    "to_tensor",
+    "zeros",
+]

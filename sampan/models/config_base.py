@@ -1,0 +1,84 @@
+"""Shared machinery for typed, validated model configs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Any, ClassVar, TypeVar
+
+C = TypeVar("C", bound="ModelConfig")
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    """Base for model configs: validation helpers and lossless dict / JSON round trips.
+
+    Subclasses are dataclasses whose fields are documented in their class docstring, validated in
+    ``__post_init__``, and whose ``num_parameters`` / ``flops_per_token`` are closed-form.
+    """
+
+    model_type: ClassVar[str] = ""
+    HEADS: ClassVar[tuple[str, ...]] = ()
+
+    # -- validation helpers -------------------------------------------------------------------
+    def _positive(self, *names: str) -> None:
+        for name in names:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{type(self).__name__}.{name} must be a positive integer, got {value!r}")
+
+    def _non_negative(self, *names: str) -> None:
+        for name in names:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{type(self).__name__}.{name} must be an integer >= 0, got {value!r}")
+
+    def _probability(self, *names: str) -> None:
+        for name in names:
+            value = getattr(self, name)
+            if not 0.0 <= float(value) < 1.0:
+                raise ValueError(f"{type(self).__name__}.{name} must be in [0, 1), got {value!r}")
+
+    def _divisible(self, name: str, by: str) -> None:
+        a, b = getattr(self, name), getattr(self, by)
+        if a % b:
+            raise ValueError(
+                f"{type(self).__name__}.{name} ({a}) must be divisible by {by} ({b}); "
+                f"allowed {by} values for this {name}: {[d for d in range(1, min(a, 256) + 1) if a % d == 0]}"
+            )
+
+    def _check_head(self, head: str | None) -> str:
+        head = head or self.HEADS[0]
+        if head not in self.HEADS:
+            raise ValueError(f"unknown head {head!r} for {self.model_type}; allowed: {list(self.HEADS)}")
+        return head
+
+    # -- serialisation -------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON dict of every field plus ``model_type``."""
+        return {"model_type": self.model_type, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_dict(cls: type[C], data: Mapping[str, Any]) -> C:
+        """Build from a dict; an unknown key is an error that names it (never silently dropped)."""
+        data = dict(data)
+        model_type = data.pop("model_type", cls.model_type)
+        if model_type != cls.model_type:
+            raise ValueError(f"config is for model_type {model_type!r}, not {cls.model_type!r}")
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - fields)
+        if unknown:
+            raise ValueError(f"unknown {cls.__name__} field(s) {unknown}; allowed: {sorted(fields)}")
+        return cls(**data)
+
+    def replace(self: C, **changes: Any) -> C:
+        """A copy with ``changes`` applied and validated (unknown fields are errors)."""
+        fields = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(changes) - fields)
+        if unknown:
+            raise ValueError(f"unknown {type(self).__name__} field(s) {unknown}; allowed: {sorted(fields)}")
+        return dataclasses.replace(self, **changes)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True, ensure_ascii=False)

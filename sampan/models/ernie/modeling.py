@@ -1,0 +1,178 @@
+"""ERNIE: a BERT-style bidirectional encoder with MLM, sequence- and token-classification heads.
+
+Optional pinyin / radical / stroke embeddings (config sizes > 0) add Chinese character features
+to the word embedding. No parallelism lives here (see ``sampan.distributed``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from sampan.models.ernie.config import ErnieConfig
+from sampan.models.init import init_transformer_weights, token_cross_entropy
+from sampan.models.pretrained import PretrainedModel
+from sampan.nn import Layer, TransformerBlock, TransformerEmbeddings, build_attention_mask
+from sampan.nn.mlp import ACTIVATIONS
+
+
+class ErniePooler(Layer):
+    """``tanh(dense(h[:, 0]))``: the [CLS] summary used by sentence-level heads."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, hidden_size)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(hidden[:, 0]))
+
+
+class ErnieModel(Layer, PretrainedModel):
+    """The encoder: returns ``(sequence_output [b, s, h], pooled_output [b, h] | None)``."""
+
+    config_class = ErnieConfig
+    head = "none"
+
+    def __init__(self, config: ErnieConfig, add_pooler: bool = True):
+        super().__init__()
+        self.config = config
+        self.embeddings = TransformerEmbeddings(
+            config.vocab_size, config.hidden_size, config.max_position_embeddings,
+            type_vocab_size=config.type_vocab_size, pinyin_vocab_size=config.pinyin_vocab_size,
+            radical_vocab_size=config.radical_vocab_size, stroke_vocab_size=config.stroke_vocab_size,
+            layer_norm_eps=config.layer_norm_eps, dropout=config.dropout, padding_idx=config.pad_token_id,
+        )
+        self.layers = nn.ModuleList(
+            TransformerBlock(
+                config.hidden_size, config.num_heads, config.intermediate_size,
+                dropout=config.dropout, attention_dropout=config.attention_dropout,
+                activation=config.activation, layer_norm_eps=config.layer_norm_eps, pre_norm=False,
+            )
+            for _ in range(config.num_layers)
+        )
+        self.pooler = ErniePooler(config.hidden_size) if add_pooler else None
+        init_transformer_weights(self, config.initializer_range)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        pinyin_ids: torch.Tensor | None = None,
+        radical_ids: torch.Tensor | None = None,
+        stroke_ids: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Encode ``input_ids [b, s]``.
+
+        ``attention_mask [b, s]`` is 1 for real tokens and 0 for padding; when omitted, positions
+        holding ``config.pad_token_id`` are masked (as in Paddle's ERNIE).
+        """
+        if attention_mask is None and self.config.pad_token_id is not None:
+            pad = input_ids == self.config.pad_token_id
+            attention_mask = ~pad if bool(pad.any()) else None
+        features = {name: ids for name, ids in
+                    (("pinyin", pinyin_ids), ("radical", radical_ids), ("stroke", stroke_ids)) if ids is not None}
+        x = self.embeddings(input_ids, token_type_ids, position_ids, features)
+        mask, _ = build_attention_mask(attention_mask, x.shape[1], x.shape[1], causal=False)
+        for layer in self.layers:
+            x = layer(x, mask)
+        return x, (self.pooler(x) if self.pooler is not None else None)
+
+
+class ErnieLMHead(Layer):
+    """BERT's MLM head: dense + activation + LayerNorm, then the tied vocabulary projection + bias."""
+
+    def __init__(self, config: ErnieConfig, word_embeddings: nn.Embedding):
+        super().__init__()
+        self.activation = config.activation
+        self.transform = nn.Linear(config.hidden_size, config.hidden_size)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.decoder.weight = word_embeddings.weight
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        hidden = self.norm(ACTIVATIONS[self.activation](self.transform(hidden)))
+        return self.decoder(hidden) + self.bias
+
+
+class ErnieForMaskedLM(Layer, PretrainedModel):
+    """Masked-language-model pretraining: logits over the vocabulary, or the loss on masked slots."""
+
+    config_class = ErnieConfig
+    head = "masked_lm"
+
+    def __init__(self, config: ErnieConfig):
+        super().__init__()
+        self.config = config
+        self.ernie = ErnieModel(config, add_pooler=False)
+        self.lm_head = ErnieLMHead(config, self.ernie.embeddings.word_embeddings)
+        # Only the transform is new; the decoder weight is the (already initialised) embedding.
+        init_transformer_weights(self.lm_head.transform, config.initializer_range)
+
+    def tie_weights(self) -> None:
+        self.lm_head.decoder.weight = self.ernie.embeddings.word_embeddings.weight
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids=None, attention_mask=None, position_ids=None,
+                labels: torch.Tensor | None = None, **features: torch.Tensor | None) -> torch.Tensor:
+        """Logits ``[b, s, vocab]``, or with ``labels`` (-100 = not masked) the mean MLM loss.
+
+        With labels, only the masked positions (~15%) go through the vocabulary projection, which
+        is most of the head's cost at a 21K vocabulary.
+        """
+        hidden, _ = self.ernie(input_ids, token_type_ids, attention_mask, position_ids, **features)
+        if labels is None:
+            return self.lm_head(hidden)
+        selected = labels != -100
+        return token_cross_entropy(self.lm_head(hidden[selected]), labels[selected])
+
+
+class ErnieForSequenceClassification(Layer, PretrainedModel):
+    """Sentence classification from the pooled [CLS] vector (regression when ``num_labels == 1``)."""
+
+    config_class = ErnieConfig
+    head = "sequence_classification"
+
+    def __init__(self, config: ErnieConfig):
+        super().__init__()
+        self.config = config
+        self.ernie = ErnieModel(config, add_pooler=True)
+        p = config.dropout if config.classifier_dropout is None else config.classifier_dropout
+        self.dropout = nn.Dropout(p)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        init_transformer_weights(self.classifier, config.initializer_range)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids=None, attention_mask=None, position_ids=None,
+                labels: torch.Tensor | None = None, **features: torch.Tensor | None) -> torch.Tensor:
+        """Logits ``[b, num_labels]``, or with ``labels [b]`` the cross-entropy (MSE for one label)."""
+        _, pooled = self.ernie(input_ids, token_type_ids, attention_mask, position_ids, **features)
+        logits = self.classifier(self.dropout(pooled))
+        if labels is None:
+            return logits
+        if self.config.num_labels == 1:
+            return nn.functional.mse_loss(logits.squeeze(-1).float(), labels.float())
+        return token_cross_entropy(logits, labels)
+
+
+class ErnieForTokenClassification(Layer, PretrainedModel):
+    """Per-token classification (NER, segmentation tags)."""
+
+    config_class = ErnieConfig
+    head = "token_classification"
+
+    def __init__(self, config: ErnieConfig):
+        super().__init__()
+        self.config = config
+        self.ernie = ErnieModel(config, add_pooler=False)
+        p = config.dropout if config.classifier_dropout is None else config.classifier_dropout
+        self.dropout = nn.Dropout(p)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        init_transformer_weights(self.classifier, config.initializer_range)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids=None, attention_mask=None, position_ids=None,
+                labels: torch.Tensor | None = None, **features: torch.Tensor | None) -> torch.Tensor:
+        """Logits ``[b, s, num_labels]``, or with ``labels [b, s]`` (-100 ignored) the mean loss."""
+        hidden, _ = self.ernie(input_ids, token_type_ids, attention_mask, position_ids, **features)
+        logits = self.classifier(self.dropout(hidden))
+        return logits if labels is None else token_cross_entropy(logits, labels)

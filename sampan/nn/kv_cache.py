@@ -1,0 +1,53 @@
+"""Key/value cache for incremental decoding."""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    """Holds each attention layer's past keys and values, shaped ``[batch, heads, seq, head_dim]``.
+
+    Layers append with :meth:`update` and get back the full keys and values to attend over.
+    Storage grows by doubling a preallocated buffer, so a long generation does O(n) copying in
+    total rather than the O(n^2) of concatenating one step at a time.
+    """
+
+    def __init__(self, num_layers: int):
+        if num_layers <= 0:
+            raise ValueError(f"num_layers must be > 0, got {num_layers}")
+        self._keys: list[torch.Tensor | None] = [None] * num_layers
+        self._values: list[torch.Tensor | None] = [None] * num_layers
+        self._lengths = [0] * num_layers
+
+    @property
+    def num_layers(self) -> int:
+        return len(self._keys)
+
+    def seq_len(self, layer_idx: int = 0) -> int:
+        """How many positions layer ``layer_idx`` has cached."""
+        return self._lengths[layer_idx]
+
+    def update(self, layer_idx: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append ``key``/``value`` (``[b, h, new, d]``) and return all cached keys and values."""
+        start = self._lengths[layer_idx]
+        end = start + key.shape[2]
+        buf_k, buf_v = self._keys[layer_idx], self._values[layer_idx]
+        if buf_k is None or buf_k.shape[2] < end:
+            capacity = max(end, 2 * (buf_k.shape[2] if buf_k is not None else 0), 16)
+            new_k = key.new_empty(key.shape[0], key.shape[1], capacity, key.shape[3])
+            new_v = value.new_empty(value.shape[0], value.shape[1], capacity, value.shape[3])
+            if buf_k is not None and start:
+                new_k[:, :, :start] = buf_k[:, :, :start]
+                new_v[:, :, :start] = buf_v[:, :, :start]
+            buf_k, buf_v = self._keys[layer_idx], self._values[layer_idx] = new_k, new_v
+        buf_k[:, :, start:end] = key
+        buf_v[:, :, start:end] = value
+        self._lengths[layer_idx] = end
+        return buf_k[:, :, :end], buf_v[:, :, :end]
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Keep only the batch rows in ``index`` (in that order), e.g. for beam search."""
+        for i, (k, v) in enumerate(zip(self._keys, self._values)):
+            if k is not None:
+                self._keys[i], self._values[i] = k.index_select(0, index), v.index_select(0, index)
