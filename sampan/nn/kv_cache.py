@@ -48,6 +48,6 @@ class KVCache:
 
     def reorder(self, index: torch.Tensor) -> None:
         """Keep only the batch rows in ``index`` (in that order), e.g. for beam search."""
-        for i, (k, v) in enumerate(zip(self._keys, self._values)):
+        for i, (k, v) in enumerate(zip(self._keys, self._values, strict=True)):
             if k is not None:
                 self._keys[i], self._values[i] = k.index_select(0, index), v.index_select(0, index)
