@@ -41,10 +41,11 @@ def to_dtype(dtype: DTypeLike) -> torch.dtype | None:
 
 def _shape(shape: ShapeLike) -> tuple[int, ...]:
     if isinstance(shape, int):
-        return (shape,)
-    if isinstance(shape, torch.Tensor):
-        return tuple(int(s) for s in shape.tolist())
-    dims = tuple(int(s) for s in shape)
+        dims: tuple[int, ...] = (shape,)
+    elif isinstance(shape, torch.Tensor):
+        dims = tuple(int(s) for s in shape.reshape(-1).tolist())
+    else:
+        dims = tuple(int(s) for s in shape)
     if any(d < 0 for d in dims):
         raise ValueError(f"shape {list(dims)} has a negative dimension; every dimension must be >= 0")
     return dims

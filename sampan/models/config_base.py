@@ -37,8 +37,24 @@ class ModelConfig:
     def _probability(self, *names: str) -> None:
         for name in names:
             value = getattr(self, name)
-            if not 0.0 <= float(value) < 1.0:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
                 raise ValueError(f"{type(self).__name__}.{name} must be in [0, 1), got {value!r}")
+
+    def _positive_float(self, *names: str, allow_zero: bool = False) -> None:
+        for name in names:
+            value = getattr(self, name)
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not ok or value < 0 or (value == 0 and not allow_zero):
+                rule = ">= 0" if allow_zero else "> 0"
+                raise ValueError(f"{type(self).__name__}.{name} must be a number {rule}, got {value!r}")
+
+    def _token_id(self, *names: str) -> None:
+        vocab = getattr(self, "vocab_size")
+        for name in names:
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < vocab):
+                raise ValueError(f"{type(self).__name__}.{name} must be an integer in [0, vocab_size={vocab}) "
+                                 f"or None, got {value!r}")
 
     def _divisible(self, name: str, by: str) -> None:
         a, b = getattr(self, name), getattr(self, by)
@@ -73,11 +89,18 @@ class ModelConfig:
         return cls(**data)
 
     def replace(self: C, **changes: Any) -> C:
-        """A copy with ``changes`` applied and validated (unknown fields are errors)."""
+        """A copy with ``changes`` applied and validated (unknown fields are errors).
+
+        A feed-forward width that was the default ``4 * hidden_size`` follows a new ``hidden_size``
+        unless ``intermediate_size`` is changed too.
+        """
         fields = {f.name for f in dataclasses.fields(self)}
         unknown = sorted(set(changes) - fields)
         if unknown:
             raise ValueError(f"unknown {type(self).__name__} field(s) {unknown}; allowed: {sorted(fields)}")
+        if ("hidden_size" in changes and "intermediate_size" in fields and "intermediate_size" not in changes
+                and getattr(self, "intermediate_size") == 4 * getattr(self, "hidden_size")):
+            changes["intermediate_size"] = 0
         return dataclasses.replace(self, **changes)
 
     def to_json(self) -> str:

@@ -14,6 +14,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from sampan.models.config_base import ModelConfig
+from sampan.tensor import DTypeLike, to_dtype
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -72,14 +73,14 @@ class PretrainedModel(torch.nn.Module):
         """
         target = Path(save_directory)
         target.parent.mkdir(parents=True, exist_ok=True)
+        if any(t.is_meta for t in self.state_dict().values()):
+            raise ValueError("cannot save a model on the meta device: materialise it (model.to_empty) first")
         tied = self.tied_weights()
         tensors = {
             name: tensor.detach().to("cpu").contiguous()
             for name, tensor in self.state_dict().items()
             if name not in tied
         }
-        if any(t.is_meta for t in tensors.values()):
-            raise ValueError("cannot save a model on the meta device: materialise it (model.to_empty) first")
         config = {**self.config.to_dict(), "architecture": type(self).__name__}
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
         try:
@@ -106,9 +107,10 @@ class PretrainedModel(torch.nn.Module):
         return target
 
     @classmethod
-    def from_pretrained(cls, directory: str | os.PathLike, device: str | torch.device | None = None):
+    def from_pretrained(cls, directory: str | os.PathLike, device: str | torch.device | None = None,
+                        dtype: DTypeLike = None):
         """Load a model saved by ``save_pretrained`` (also through a base class: it dispatches)."""
-        return from_pretrained(directory, device=device, expected=cls)
+        return from_pretrained(directory, device=device, expected=cls, dtype=dtype)
 
 
 def read_config(directory: str | os.PathLike) -> dict[str, Any]:
@@ -122,10 +124,25 @@ def read_config(directory: str | os.PathLike) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+def _saved_float_dtype(path: Path) -> torch.dtype | None:
+    """The dtype of the first floating tensor in a safetensors file (None if it has none)."""
+    if not path.is_file():
+        return None
+    with safe_open(str(path), framework="pt") as f:
+        for name in f.keys():
+            dtype = f.get_slice(name).get_dtype()
+            mapped = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32,
+                      "F64": torch.float64}.get(dtype)
+            if mapped is not None:
+                return mapped
+    return None
+
+
 def from_pretrained(directory: str | os.PathLike, device: str | torch.device | None = None,
-                    expected: type[torch.nn.Module] | None = None) -> PretrainedModel:
+                    expected: type[torch.nn.Module] | None = None, dtype: DTypeLike = None) -> PretrainedModel:
     """Build the model described by ``directory/config.json`` and load its safetensors weights.
 
+    The model takes the dtype the weights were saved in unless ``dtype`` asks for another.
     Loading is strict: a missing or unexpected tensor, or one of the wrong shape, is an error
     that names it. Nothing is unpickled.
     """
@@ -137,11 +154,14 @@ def from_pretrained(directory: str | os.PathLike, device: str | torch.device | N
     if expected is not None and not issubclass(model_cls, expected):
         raise TypeError(f"{directory} holds a {arch}, which is not a {expected.__name__}")
     config = model_cls.config_class.from_dict(data)
+    weights = Path(directory) / WEIGHTS_NAME
+    target_dtype = to_dtype(dtype) or _saved_float_dtype(weights) or torch.get_default_dtype()
     with torch.device("meta"):
         model = model_cls(config)
+    model.to(dtype=target_dtype)
     model.to_empty(device=device or "cpu")
     model.tie_weights()
-    load_safetensors(model, Path(directory) / WEIGHTS_NAME)
+    load_safetensors(model, weights)
     return model.eval()
 
 

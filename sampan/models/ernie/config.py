@@ -67,8 +67,9 @@ class ErnieConfig(ModelConfig):
         check_activation(self.activation)
         if self.intermediate_size == 0:
             self.intermediate_size = 4 * self.hidden_size
-        if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
-            raise ValueError(f"ErnieConfig.pad_token_id must be in [0, {self.vocab_size}), got {self.pad_token_id}")
+        self._positive_float("layer_norm_eps")
+        self._positive_float("initializer_range", allow_zero=True)
+        self._token_id("pad_token_id")
 
     def _encoder_parameters(self) -> int:
         h, f = self.hidden_size, self.intermediate_size

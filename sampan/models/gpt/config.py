@@ -57,10 +57,9 @@ class GPTConfig(ModelConfig):
         check_activation(self.activation)
         if self.intermediate_size == 0:
             self.intermediate_size = 4 * self.hidden_size
-        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
-            value = getattr(self, name)
-            if value is not None and not 0 <= value < self.vocab_size:
-                raise ValueError(f"GPTConfig.{name} must be in [0, vocab_size={self.vocab_size}), got {value}")
+        self._positive_float("layer_norm_eps")
+        self._positive_float("initializer_range", allow_zero=True)
+        self._token_id("bos_token_id", "eos_token_id", "pad_token_id")
 
     def num_parameters(self, head: str | None = None) -> int:
         """Exact parameter count of the model ``create`` builds for ``head`` (default "causal_lm")."""
