@@ -49,7 +49,7 @@ class ModelConfig:
                 raise ValueError(f"{type(self).__name__}.{name} must be a number {rule}, got {value!r}")
 
     def _token_id(self, *names: str) -> None:
-        vocab = getattr(self, "vocab_size")
+        vocab = self.vocab_size  # type: ignore[attr-defined]
         for name in names:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < vocab):
@@ -99,7 +99,7 @@ class ModelConfig:
         if unknown:
             raise ValueError(f"unknown {type(self).__name__} field(s) {unknown}; allowed: {sorted(fields)}")
         if ("hidden_size" in changes and "intermediate_size" in fields and "intermediate_size" not in changes
-                and getattr(self, "intermediate_size") == 4 * getattr(self, "hidden_size")):
+                and self.intermediate_size == 4 * self.hidden_size):  # type: ignore[attr-defined]
             changes["intermediate_size"] = 0
         return dataclasses.replace(self, **changes)
 
