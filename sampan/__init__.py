@@ -35,10 +35,10 @@ from sampan.tensor import (
 __version__ = "0.1.0"
 
 # Subpackages load on first use so `import sampan` stays as cheap as `import torch`.
-_LAZY_SUBMODULES = ("nn", "optimizer", "models", "text")
+_LAZY_SUBMODULES = ("amp", "checkpoint", "io", "models", "nn", "optimizer", "text", "trainer")
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from sampan import models, nn, optimizer, text
+    from sampan import amp, checkpoint, io, models, nn, optimizer, text, trainer
 
 
 def __getattr__(name: str):
@@ -49,6 +49,10 @@ def __getattr__(name: str):
 
 __all__ = [
     "__version__",
+    "amp",
+    "checkpoint",
+    "io",
+    "trainer",
     "arange",
     "concat",
     "full",
