@@ -1,0 +1,160 @@
+"""``TrainingArguments``: every knob of a training run, typed and validated."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+LR_SCHEDULERS = ("linear", "cosine", "constant", "wsd")
+AMP_MODES = (None, "bf16", "fp16")
+RECOMPUTE_MODES = ("none", "full", "selective")
+
+
+@dataclasses.dataclass
+class TrainingArguments:
+    """What a ``Trainer`` run does. Unknown keys in a config file are errors that name the key.
+
+    Fields:
+        output_dir: checkpoints, ``metrics.jsonl``, TensorBoard events and reports go here.
+        max_steps: optimizer steps to run; -1 derives it from ``num_train_epochs``.
+        num_train_epochs: epochs over the training set when ``max_steps`` is -1.
+        per_device_train_batch_size: samples per micro-batch.
+        per_device_eval_batch_size: samples per evaluation batch.
+        gradient_accumulation_steps: micro-batches per optimizer step.
+        learning_rate: peak learning rate.
+        lr_scheduler: "linear" (warmup then linear decay to ``min_lr_ratio``), "cosine", "constant"
+            (after warmup), or "wsd" (warmup-stable-decay; the last ``wsd_decay_ratio`` of steps decay).
+        warmup_steps: linear warmup from 0 to ``learning_rate``.
+        min_lr_ratio: the final learning rate as a fraction of ``learning_rate``.
+        wsd_decay_ratio: fraction of ``max_steps`` spent decaying in the "wsd" schedule.
+        weight_decay: AdamW decoupled weight decay (biases and norm weights are never decayed).
+        adam_beta1 / adam_beta2 / adam_epsilon: AdamW hyper-parameters.
+        max_grad_norm: clip the global gradient norm to this; 0 disables clipping (the norm is
+            still logged).
+        amp: None (fp32), "bf16" (autocast; the fast CPU path) or "fp16" (autocast with dynamic
+            loss scaling: a step whose gradients hold inf/nan is skipped and the scale lowered).
+        recompute: "none", "full" (recompute every transformer block in backward) or "selective"
+            (keep matmul and attention outputs, recompute the cheap element-wise ops).
+        seed: seeds python, numpy and torch at the start, and the data order.
+        logging_steps: steps between metric lines (progress, TensorBoard, ``metrics.jsonl``).
+        eval_steps: steps between evaluations; 0 evaluates only at the end (when there is an
+            eval dataset).
+        save_steps: steps between checkpoints; 0 saves only at the end.
+        save_total_limit: keep at most this many checkpoints (oldest deleted); None keeps all.
+        resume_from_checkpoint: a checkpoint directory, "auto" (the newest one in ``output_dir``
+            that passes its checksums, or a fresh start if there is none), or None.
+        dataloader_num_workers: worker processes loading batches in the background.
+        prefetch_factor: batches each worker loads ahead.
+        max_nonfinite_steps: stop with an error after this many consecutive steps whose loss is
+            inf/nan (each is skipped).
+        deterministic: ``torch.use_deterministic_algorithms(True)`` for bit-exact reruns.
+        peak_flops: the hardware's peak FLOP/s for MFU; None measures a GEMM at start, 0 turns
+            MFU off.
+        tensorboard: write TensorBoard event files under ``output_dir/tensorboard``.
+        progress_bar: show a live progress bar on a terminal (plain log lines otherwise).
+    """
+
+    output_dir: str = "outputs/run"
+    max_steps: int = -1
+    num_train_epochs: float = 1.0
+    per_device_train_batch_size: int = 8
+    per_device_eval_batch_size: int = 8
+    gradient_accumulation_steps: int = 1
+    learning_rate: float = 5e-5
+    lr_scheduler: str = "linear"
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0
+    wsd_decay_ratio: float = 0.1
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-8
+    max_grad_norm: float = 1.0
+    amp: str | None = None
+    recompute: str = "none"
+    seed: int = 42
+    logging_steps: int = 10
+    eval_steps: int = 0
+    save_steps: int = 500
+    save_total_limit: int | None = None
+    resume_from_checkpoint: str | None = None
+    dataloader_num_workers: int = 0
+    prefetch_factor: int = 2
+    max_nonfinite_steps: int = 5
+    deterministic: bool = False
+    peak_flops: float | None = None
+    tensorboard: bool = True
+    progress_bar: bool = True
+
+    def __post_init__(self) -> None:
+        def need(condition: bool, field: str, rule: str) -> None:
+            if not condition:
+                raise ValueError(f"TrainingArguments.{field} {rule}, got {getattr(self, field)!r}")
+
+        need(bool(self.output_dir), "output_dir", "must be a non-empty path")
+        need(self.max_steps == -1 or self.max_steps > 0, "max_steps", "must be > 0, or -1 to use num_train_epochs")
+        need(self.num_train_epochs > 0, "num_train_epochs", "must be > 0")
+        for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
+                     "logging_steps", "max_nonfinite_steps"):
+            need(isinstance(getattr(self, name), int) and getattr(self, name) > 0, name, "must be an integer > 0")
+        for name in ("warmup_steps", "eval_steps", "save_steps", "dataloader_num_workers"):
+            need(isinstance(getattr(self, name), int) and getattr(self, name) >= 0, name, "must be an integer >= 0")
+        need(self.prefetch_factor >= 1, "prefetch_factor", "must be >= 1")
+        need(self.learning_rate > 0, "learning_rate", "must be > 0")
+        need(0.0 <= self.min_lr_ratio <= 1.0, "min_lr_ratio", "must be in [0, 1]")
+        need(0.0 < self.wsd_decay_ratio <= 1.0, "wsd_decay_ratio", "must be in (0, 1]")
+        need(self.weight_decay >= 0, "weight_decay", "must be >= 0")
+        need(0.0 <= self.adam_beta1 < 1.0, "adam_beta1", "must be in [0, 1)")
+        need(0.0 <= self.adam_beta2 < 1.0, "adam_beta2", "must be in [0, 1)")
+        need(self.adam_epsilon > 0, "adam_epsilon", "must be > 0")
+        need(self.max_grad_norm >= 0, "max_grad_norm", "must be >= 0 (0 disables clipping)")
+        need(self.lr_scheduler in LR_SCHEDULERS, "lr_scheduler", f"must be one of {list(LR_SCHEDULERS)}")
+        if self.amp in ("none", ""):
+            self.amp = None
+        need(self.amp in AMP_MODES, "amp", f"must be one of {list(AMP_MODES)}")
+        need(self.recompute in RECOMPUTE_MODES, "recompute", f"must be one of {list(RECOMPUTE_MODES)}")
+        need(self.save_total_limit is None or self.save_total_limit > 0, "save_total_limit",
+             "must be > 0 or None (keep all)")
+        need(self.peak_flops is None or self.peak_flops >= 0, "peak_flops", "must be >= 0 or None (measure)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TrainingArguments:
+        """Build from a mapping; an unknown key is an error naming it and the allowed keys."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - fields)
+        if unknown:
+            raise ValueError(f"unknown training argument(s) {unknown}; allowed: {sorted(fields)}")
+        return cls(**dict(data))
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a TOML (``.toml``) or YAML (``.yaml`` / ``.yml``) file into a dict."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {path} not found")
+    suffix = path.suffix.lower()
+    text = path.read_text(encoding="utf-8")
+    if suffix == ".toml":
+        try:
+            import tomllib
+        except ModuleNotFoundError:  # Python 3.10
+            import tomli as tomllib
+        data = tomllib.loads(text)
+    elif suffix in (".yaml", ".yml"):
+        import yaml
+
+        data = yaml.safe_load(text) or {}
+    else:
+        raise ValueError(f"config file {path} must end in .toml, .yaml or .yml")
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {path} must hold a table / mapping at the top level")
+    return data
