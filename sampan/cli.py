@@ -54,14 +54,14 @@ def _cmd_models(args: argparse.Namespace) -> int:
 
 def _parse_overrides(pairs: list[str]) -> dict:
     """``table.key=value`` pairs; values are parsed as YAML scalars (numbers, bools, null, strings)."""
-    import yaml
+    from sampan.trainer.arguments import load_yaml
 
     overrides = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep:
             raise ValueError(f"--set {pair!r} must look like table.key=value (e.g. training.max_steps=100)")
-        overrides[key.strip()] = yaml.safe_load(value)
+        overrides[key.strip()] = load_yaml(value)
     return overrides
 
 

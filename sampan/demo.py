@@ -65,7 +65,7 @@ class DemoConfig:
                 warmup_steps=min(self.warmup_steps, self.steps), min_lr_ratio=0.1, weight_decay=0.1,
                 max_grad_norm=1.0, amp=None if self.amp == "none" else self.amp, seed=self.seed,
                 logging_steps=max(1, min(25, self.steps // 4)), eval_steps=self.eval_every,
-                save_steps=self.steps, save_total_limit=2,
+                save_steps=self.steps, save_total_limit=2, overwrite_output_dir=True,
             ),
         )
 

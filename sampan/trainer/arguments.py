@@ -53,6 +53,9 @@ class TrainingArguments:
         deterministic: ``torch.use_deterministic_algorithms(True)`` for bit-exact reruns.
         peak_flops: the hardware's peak FLOP/s for MFU; None measures a GEMM at start, 0 turns
             MFU off.
+        overwrite_output_dir: when not resuming, delete an earlier run's checkpoints, metrics and
+            TensorBoard events in ``output_dir`` first; when False such leftovers are an error
+            (so two runs never mix, and "auto" never resumes someone else's run).
         tensorboard: write TensorBoard event files under ``output_dir/tensorboard``.
         progress_bar: show a live progress bar on a terminal (plain log lines otherwise).
     """
@@ -86,10 +89,13 @@ class TrainingArguments:
     max_nonfinite_steps: int = 5
     deterministic: bool = False
     peak_flops: float | None = None
+    overwrite_output_dir: bool = False
     tensorboard: bool = True
     progress_bar: bool = True
 
     def __post_init__(self) -> None:
+        self._check_types()
+
         def need(condition: bool, field: str, rule: str) -> None:
             if not condition:
                 raise ValueError(f"TrainingArguments.{field} {rule}, got {getattr(self, field)!r}")
@@ -120,6 +126,17 @@ class TrainingArguments:
              "must be > 0 or None (keep all)")
         need(self.peak_flops is None or self.peak_flops >= 0, "peak_flops", "must be >= 0 or None (measure)")
 
+    def _check_types(self) -> None:
+        """Each field must hold its annotated type (ints may stand for floats; bools never for numbers)."""
+        kinds = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "None": (type(None),)}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            allowed = tuple(t for part in str(field.type).split("|") for t in kinds[part.strip()])
+            ok = isinstance(value, allowed) and not (isinstance(value, bool) and bool not in allowed)
+            if not ok:
+                raise ValueError(f"TrainingArguments.{field.name} must be {field.type}, got {value!r} "
+                                 f"({type(value).__name__})")
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -136,6 +153,27 @@ class TrainingArguments:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
 
+def load_yaml(text: str) -> Any:
+    """``yaml.safe_load`` that also reads ``3e-4`` as a float.
+
+    PyYAML follows YAML 1.1, whose float pattern needs a dot (``3.0e-4``); YAML 1.2 and every
+    user expect ``3e-4`` to be a number, not the string "3e-4".
+    """
+    import re
+
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"^[-+]?(?:\d[\d_]*)?(?:\.\d*)?[eE][-+]?\d+$|^[-+]?\d[\d_]*\.\d*$|^[-+]?\.\d+$"),
+        list("-+0123456789."),
+    )
+    return yaml.load(text, Loader=Loader)  # noqa: S506 - a SafeLoader subclass
+
+
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """Read a TOML (``.toml``) or YAML (``.yaml`` / ``.yml``) file into a dict."""
     path = Path(path)
@@ -150,9 +188,7 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
             import tomli as tomllib
         data = tomllib.loads(text)
     elif suffix in (".yaml", ".yml"):
-        import yaml
-
-        data = yaml.safe_load(text) or {}
+        data = load_yaml(text) or {}
     else:
         raise ValueError(f"config file {path} must end in .toml, .yaml or .yml")
     if not isinstance(data, dict):

@@ -66,11 +66,19 @@ class TensorBoardCallback(TrainerCallback):
     """Writes scalars under ``output_dir/tensorboard`` (``train/loss``, ``train/lr``, ``eval/loss`` ...)."""
 
     def __init__(self, output_dir: str | os.PathLike):
+        self.log_dir = Path(output_dir) / "tensorboard"
+        self.writer = None
+
+    def on_train_begin(self, args, state):
+        # Opened here, not in __init__: a SummaryWriter creates its directory at once, and the
+        # Trainer checks the output dir for an earlier run's leftovers before training starts.
         from torch.utils.tensorboard import SummaryWriter  # imports tensorboard: keep it lazy
 
-        self.writer = SummaryWriter(log_dir=str(Path(output_dir) / "tensorboard"))
+        self.writer = SummaryWriter(log_dir=str(self.log_dir))
 
     def _write(self, prefix: str, metrics: dict[str, Any]) -> None:
+        if self.writer is None:
+            return
         step = metrics["step"]
         for key, value in metrics.items():
             if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -84,7 +92,9 @@ class TensorBoardCallback(TrainerCallback):
         self._write("eval", metrics)
 
     def on_train_end(self, args, state):
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
 
 
 def _format(metrics: dict[str, Any]) -> str:

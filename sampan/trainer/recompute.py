@@ -14,8 +14,7 @@ block with non-reentrant ``torch.utils.checkpoint``.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
+import types
 
 import torch
 from torch import nn
@@ -55,16 +54,18 @@ def recompute_targets(model: nn.Module) -> list[nn.Module]:
     return [child for m in model.modules() if isinstance(m, nn.ModuleList) for child in m]
 
 
-def _checkpointed(forward: Callable, context_fn: Callable | None) -> Callable:
-    @functools.wraps(forward)
-    def wrapped(*args, **kwargs):
-        # Nothing to save for backward without grad (eval, generation): run it plainly.
-        if not torch.is_grad_enabled():
-            return forward(*args, **kwargs)
-        extra = {"context_fn": context_fn} if context_fn is not None else {}
-        return checkpoint(forward, *args, use_reentrant=False, **extra, **kwargs)
+def _recompute_forward(self: nn.Module, *args, **kwargs):
+    """Installed as a block's bound ``forward``: the class forward under ``checkpoint``.
 
-    return wrapped
+    It is a bound method of the block itself (not a closure over it), so ``copy.deepcopy`` and
+    pickling give a copy that runs its own weights.
+    """
+    forward = type(self).forward.__get__(self)
+    # Nothing to save for backward without grad (eval, generation): run it plainly.
+    if not torch.is_grad_enabled():
+        return forward(*args, **kwargs)
+    extra = {"context_fn": _selective_context} if self._sampan_recompute == "selective" else {}
+    return checkpoint(forward, *args, use_reentrant=False, **extra, **kwargs)
 
 
 def apply_recompute(model: nn.Module, mode: str) -> int:
@@ -80,7 +81,6 @@ def apply_recompute(model: nn.Module, mode: str) -> int:
             del block.forward  # drop the instance override; the class forward shows through again
             del block._sampan_recompute
         if mode != "none":
-            context = _selective_context if mode == "selective" else None
-            block.forward = _checkpointed(block.forward, context)
             block._sampan_recompute = mode
+            block.forward = types.MethodType(_recompute_forward, block)
     return len(targets) if mode != "none" else 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import random
+import shutil
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -73,6 +74,14 @@ def _count_tokens(batch: Any) -> int:
     return len(batch[0] if isinstance(batch, (list, tuple)) else batch)
 
 
+def _loss_weight(batch: Any) -> int:
+    """How many terms a batch's mean loss averages: labelled positions, else samples."""
+    if isinstance(batch, dict) and isinstance(batch.get("labels"), torch.Tensor):
+        labels = batch["labels"]
+        return int((labels != -100).sum()) if labels.dtype != torch.float32 else labels.shape[0]
+    return _count_tokens(batch)
+
+
 class Trainer:
     """Trains ``model`` on ``train_dataset`` as ``args`` say.
 
@@ -114,14 +123,14 @@ class Trainer:
         self.callbacks = builtin + list(callbacks or [])
         self.device = next((p.device for p in model.parameters()), torch.device("cpu"))
         self.state = TrainerState()
+        if len(train_dataset) < args.per_device_train_batch_size:
+            raise ValueError(f"train_dataset has {len(train_dataset)} samples, fewer than one batch of "
+                             f"{args.per_device_train_batch_size}; lower per_device_train_batch_size")
         self.train_loader = DataLoader(
             train_dataset, batch_size=args.per_device_train_batch_size, shuffle=True, drop_last=True,
             collate_fn=data_collator, num_workers=args.dataloader_num_workers,
             prefetch_factor=args.prefetch_factor, seed=args.seed,
         )
-        if len(self.train_loader) == 0:
-            raise ValueError(f"train_dataset has {len(train_dataset)} samples, fewer than one batch of "
-                             f"{args.per_device_train_batch_size}; lower per_device_train_batch_size")
         self.max_steps = args.max_steps if args.max_steps > 0 else max(1, math.ceil(
             args.num_train_epochs * len(self.train_loader) / args.gradient_accumulation_steps))
         self.state.max_steps = self.max_steps
@@ -140,6 +149,7 @@ class Trainer:
         apply_recompute(model, args.recompute)
         self._flops_per_token = getattr(getattr(model, "config", None), "flops_per_token", None)
         self._peak_flops: float | None = None
+        self._last_lr = self.optimizer.get_lr()
 
     # -- overridable pieces -------------------------------------------------------------------
     def compute_loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
@@ -196,11 +206,29 @@ class Trainer:
         restore_rng_state(saved["rng"])
         return path
 
+    def _prepare_fresh_output_dir(self) -> None:
+        """A fresh run must not mix with an earlier one left in ``output_dir``."""
+        leftovers = [p for p in (*self.output_dir.glob("checkpoint-*"), self.jsonl.path,
+                                 self.output_dir / "tensorboard") if p.exists()]
+        if not leftovers:
+            return
+        if not self.args.overwrite_output_dir:
+            raise ValueError(
+                f"{self.output_dir} already holds a run ({', '.join(sorted(p.name for p in leftovers)[:4])}); set "
+                "resume_from_checkpoint='auto' to continue it, overwrite_output_dir=True to start over, or use "
+                "another output_dir")
+        for path in leftovers:
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+
     @staticmethod
     def _warn_if_bf16_is_emulated() -> None:
         # CPUs without AVX512-BF16 / AMX run bf16 matmuls through a slow emulation (measured here:
         # 0.9 GFLOP/s bf16 against 55 fp32 on an AVX2-only EPYC), so bf16 AMP slows training down.
-        bf16, fp32 = measure_gemm_flops(torch.bfloat16), measure_gemm_flops(torch.float32)
+        bf16 = measure_gemm_flops(torch.bfloat16, size=256, seconds=0.05)
+        fp32 = measure_gemm_flops(torch.float32, size=256, seconds=0.05)
         if bf16 < fp32:
             warnings.warn(
                 f"amp='bf16' on a CPU without fast bf16 matmuls ({bf16 / 1e9:.1f} GFLOP/s bf16 vs "
@@ -227,6 +255,8 @@ class Trainer:
         resumed = self._resume()
         if resumed is not None:
             print(f"resumed from {resumed} at step {self.state.global_step}")
+        else:
+            self._prepare_fresh_output_dir()
         if self.device.type == "cpu" and args.amp == "bf16":
             self._warn_if_bf16_is_emulated()
         if self._flops_per_token is not None and args.peak_flops != 0:
@@ -286,6 +316,7 @@ class Trainer:
             self.scaler.scale(loss / accumulation).backward()
         loss_value = float(torch.stack(losses).mean())
         self.state.global_step += 1
+        self._last_lr = optimizer.get_lr()  # the rate this step uses, logged (the schedule moves on below)
         grad_norm = None
         if not math.isfinite(loss_value):
             # Skip the update: one bad batch must not poison the weights. Stop if it keeps happening.
@@ -329,7 +360,7 @@ class Trainer:
             "max_steps": self.max_steps,
             "epoch": round(self.state.epoch, 4),
             "loss": sum(finite) / len(finite) if finite else float("nan"),
-            "lr": self.optimizer.get_lr(),
+            "lr": self._last_lr,
             "grad_norm": grad_norm,
             "tokens_per_sec": window["tokens"] / seconds,
             "step_time_sec": seconds / len(window["loss"]),
@@ -364,8 +395,11 @@ class Trainer:
                     if self.compute_metrics is not None and isinstance(batch, dict) and "labels" in batch:
                         predictions.append(self.model(**{k: v for k, v in batch.items() if k != "labels"}).float())
                         labels.append(batch["labels"])
-                total += float(loss)
-                count += 1
+                # Weight each batch by what its mean loss averages over, so a short last batch counts
+                # for what it is.
+                n = _loss_weight(batch)
+                total += float(loss) * n
+                count += n
         finally:
             self.model.train(was_training)
         metrics: dict[str, Any] = {"step": self.state.global_step, "eval_loss": total / max(count, 1)}
