@@ -84,7 +84,8 @@ HEAD_MODULES = {
     "classifier": "classifier",
 }
 # Whole tensors with no module/parameter split.
-SPECIAL_TENSORS = {"cls.predictions.bias": "lm_head.bias", "cls.predictions.decoder.bias": "lm_head.bias"}
+SPECIAL_TENSORS = {"cls.predictions.bias": "lm_head.decoder.bias",
+                   "cls.predictions.decoder.bias": "lm_head.decoder.bias"}
 # The tied MLM decoder: not loaded, only checked against the word embedding.
 TIED_DECODER = "cls.predictions.decoder.weight"
 # HF keys never loaded: buffers and the next-sentence head.

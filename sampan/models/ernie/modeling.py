@@ -88,13 +88,15 @@ class ErnieLMHead(Layer):
         self.activation = config.activation
         self.transform = nn.Linear(config.hidden_size, config.hidden_size)
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        # The output bias lives inside the decoder Linear (not beside it) so that a column-parallel
+        # split of the vocabulary shards weight and bias together.
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=True)
         self.decoder.weight = word_embeddings.weight
-        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        nn.init.zeros_(self.decoder.bias)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         hidden = self.norm(ACTIVATIONS[self.activation](self.transform(hidden)))
-        return self.decoder(hidden) + self.bias
+        return self.decoder(hidden)
 
 
 class ErnieForMaskedLM(Layer, PretrainedModel):
