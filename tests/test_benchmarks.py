@@ -23,3 +23,26 @@ def test_model_step_quick(tmp_path):
     assert result["params"] > 0 and result["flops_per_step"] > 0
     assert result["sampan"]["median_step_s"] > 0 and result["baseline"]["median_step_s"] > 0
     assert set(result["optimizer_kernels_ms"]) == {"default_loop", "fused"}
+
+
+@pytest.mark.timeout(300)
+def test_trainer_quick(tmp_path):
+    out = tmp_path / "trainer.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "trainer.py"), "--quick", "--out", str(out)],
+                   check=True, capture_output=True, text=True, timeout=280)
+    result = json.loads(out.read_text())
+    # The benchmark refuses to time unequal work: the Trainer and the hand loop agree step for step,
+    # and recompute modes give the same loss and gradients as none.
+    equal = result["trainer_vs_hand"]["equal_work"]
+    assert equal["loss_max_abs_diff"] <= equal["tolerances"]["loss"]
+    assert equal["param_max_abs_diff"] <= equal["tolerances"]["param"]
+    p1 = result["trainer_vs_hand"]
+    assert p1["trainer"]["median_step_s"] > 0 and p1["hand"]["median_step_s"] > 0
+    assert len(p1["trainer"]["per_step_s"]) == len(p1["hand"]["per_step_s"])
+    assert all(len(w["per_window_pct"]) > 0 for k, w in p1["data_wait"].items() if k.startswith("workers_"))
+    for name in ("gpt", "ernie"):
+        modes = result["recompute"][name]["modes"]
+        assert set(modes) == {"none", "full", "selective"}
+        # Full recompute keeps less for backward than none; both memory methods agree.
+        assert 0 < modes["full"]["activation_mib"] < modes["none"]["activation_mib"]
+        assert result["recompute"][name]["memory_cross_check_max_rel_diff"] < 0.05
