@@ -186,6 +186,34 @@ class Optimizer:
             group["lr"] = lr * group["lr_mult"]
 
     @property
+    def grad_clip(self) -> GradClip | None:
+        """The gradient clipper applied before every update (None: no clipping)."""
+        return self._grad_clip
+
+    @grad_clip.setter
+    def grad_clip(self, value: GradClip | None) -> None:
+        if value is not None and not callable(value):
+            raise TypeError(f"grad_clip must be callable (e.g. ClipGradByGlobalNorm), got {type(value).__name__}")
+        self._grad_clip = value
+
+    def rebind_parameters(self, new_parameter: Callable[[Tensor], Tensor]) -> None:
+        """Point the optimizer at new parameter objects, e.g. after a model was sharded.
+
+        Tensor and data parallelism replace each parameter by a DTensor; ``new_parameter(old)``
+        returns the replacement. Only allowed before the first step (there is no state to move yet).
+        """
+        inner = self._inner
+        if inner is None:
+            return  # parameters are collected from the first loss, which will see the new ones
+        if any(inner.state.values()):
+            raise RuntimeError("rebind_parameters() must be called before the first optimizer step: "
+                               "create the optimizer, then fleet.distributed_model, then train")
+        kept = ("weight_decay", "lr_mult", "lr")
+        groups = [{"params": [new_parameter(p) for p in group["params"]], **{k: group[k] for k in kept}}
+                  for group in inner.param_groups]
+        self._inner = self._create(groups)
+
+    @property
     def torch_optimizer(self) -> torch.optim.Optimizer:
         """The wrapped ``torch.optim.Optimizer`` (RuntimeError while parameters are not known yet)."""
         return self._require_inner()

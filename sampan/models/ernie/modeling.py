@@ -130,6 +130,12 @@ class ErnieForMaskedLM(Layer, PretrainedModel):
         return token_cross_entropy(self.lm_head(hidden[selected]), labels[selected])
 
 
+    @staticmethod
+    def loss_token_count(labels: torch.Tensor) -> torch.Tensor:
+        """How many terms the loss averages (labelled positions; -100 is ignored)."""
+        return (labels != -100).sum()
+
+
 class ErnieForSequenceClassification(Layer, PretrainedModel):
     """Sentence classification from the pooled [CLS] vector (regression when ``num_labels == 1``)."""
 
@@ -178,3 +184,9 @@ class ErnieForTokenClassification(Layer, PretrainedModel):
         hidden, _ = self.ernie(input_ids, token_type_ids, attention_mask, position_ids, **features)
         logits = self.classifier(self.dropout(hidden))
         return logits if labels is None else token_cross_entropy(logits, labels)
+
+
+    @staticmethod
+    def loss_token_count(labels: torch.Tensor) -> torch.Tensor:
+        """How many terms the loss averages (labelled positions; -100 is ignored)."""
+        return (labels != -100).sum()

@@ -111,3 +111,12 @@ class GPTForCausalLM(Layer, PretrainedModel, GenerationMixin):
             raise ValueError(f"labels shape {tuple(labels.shape)} must equal input_ids shape {tuple(input_ids.shape)}")
         logits = self.lm_head(hidden[:, :-1])
         return token_cross_entropy(logits, labels[:, 1:])
+
+    @staticmethod
+    def loss_token_count(labels: torch.Tensor) -> torch.Tensor:
+        """How many terms the loss averages for these labels (the shifted, non-ignored ones).
+
+        Data-parallel and accumulated steps weight each part's mean loss by this, so the result
+        is the mean over all tokens of the global batch, as one process would compute it.
+        """
+        return (labels[:, 1:] != -100).sum()

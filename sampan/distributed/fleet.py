@@ -1,0 +1,141 @@
+"""``fleet``: declare a hybrid-parallel strategy, then wrap a model and an optimizer with it.
+
+    from sampan.distributed import fleet
+    strategy = fleet.DistributedStrategy()
+    strategy.hybrid_configs = {"dp_degree": 2, "mp_degree": 2}
+    fleet.init(is_collective=True, strategy=strategy)
+    model = fleet.distributed_model(model)
+    optimizer = fleet.distributed_optimizer(optimizer)
+    loss = model.train_batch(fleet.shard_batch(batch), optimizer)
+
+The state (strategy, topology) lives in a ``Fleet`` object; the module-level functions use a
+default one, as Paddle users expect. Code that wants two setups can make its own ``Fleet``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from sampan.distributed import env
+from sampan.distributed.clip import HybridClipGradByGlobalNorm
+from sampan.distributed.model import DistributedModel
+from sampan.distributed.sharding import apply_sharding
+from sampan.distributed.strategy import DistributedStrategy
+from sampan.distributed.tensor_parallel import apply_tensor_parallel, uses_loss_parallel
+from sampan.distributed.topology import HybridCommunicateGroup
+from sampan.models.parallel_plans import tensor_parallel_plan
+from sampan.nn.clip import ClipGradByGlobalNorm
+from sampan.trainer.recompute import apply_recompute
+
+
+class Fleet:
+    """One hybrid-parallel setup: strategy, topology, and the parameter map of the wrapped model."""
+
+    def __init__(self) -> None:
+        self.strategy: DistributedStrategy | None = None
+        self.hcg: HybridCommunicateGroup | None = None
+        self._param_map: dict[int, torch.Tensor] | None = None
+
+    def init(self, is_collective: bool = True, strategy: DistributedStrategy | None = None) -> Fleet:
+        """Join the launcher's process group (or make a one-rank group) and build the topology."""
+        if not is_collective:
+            raise ValueError("only collective training (is_collective=True) is supported; "
+                             "parameter-server mode is not part of sampan")
+        env.init_process_group()
+        self.strategy = strategy if strategy is not None else DistributedStrategy()
+        degrees = self.strategy.resolve_degrees(dist.get_world_size())
+        if degrees["pp"] > 1:
+            raise ValueError("pp_degree > 1: pipeline parallelism is not implemented in sampan yet; "
+                             "use dp, mp and sharding degrees for now")
+        if self.strategy.tensor_parallel_configs.sequence_parallel and degrees["mp"] > 1:
+            raise ValueError("sequence_parallel is not implemented in sampan yet; set it to False")
+        self.hcg = HybridCommunicateGroup(degrees, env.default_device_type())
+        return self
+
+    def _require_init(self) -> HybridCommunicateGroup:
+        if self.hcg is None or self.strategy is None:
+            raise RuntimeError("call fleet.init(is_collective=True, strategy=...) first")
+        return self.hcg
+
+    def get_hybrid_communicate_group(self) -> HybridCommunicateGroup:
+        return self._require_init()
+
+    def worker_index(self) -> int:
+        return dist.get_rank() if dist.is_initialized() else env.rank()
+
+    def worker_num(self) -> int:
+        return dist.get_world_size() if dist.is_initialized() else env.world_size()
+
+    def distributed_model(self, model: nn.Module, tp_plan: dict[str, str] | None = None) -> DistributedModel:
+        """Split ``model`` as the strategy says: tensor parallel, recompute, then dp / sharding.
+
+        ``tp_plan`` (module-name pattern -> "colwise" | "rowwise" | "vocab") splits a model sampan
+        doesn't know; sampan's own GPT and ERNIE have plans already.
+        """
+        hcg = self._require_init()
+        strategy = self.strategy
+        degrees = hcg.degrees
+        config = getattr(model, "config", None)
+        if config is not None and hasattr(config, "num_heads"):
+            strategy.validate_for_model(config.num_heads, config.num_layers, config.vocab_size, degrees)
+        old = {id(p): name for name, p in model.named_parameters(remove_duplicate=False)}
+        loss_parallel = False
+        if degrees["mp"] > 1:
+            plan = tp_plan if tp_plan is not None else tensor_parallel_plan(model)
+            if plan is None:
+                raise ValueError(f"mp_degree {degrees['mp']} needs a tensor-parallel plan for {type(model).__name__}: "
+                                 "pass tp_plan={'module.name.pattern': 'colwise' | 'rowwise' | 'vocab'}")
+            apply_tensor_parallel(model, hcg.mesh["mp"], plan)
+            loss_parallel = uses_loss_parallel(model, plan)
+        apply_recompute(model, strategy.recompute)
+        if hcg.data_world_size > 1:
+            apply_sharding(model, hcg.mesh["dp", "sharding"], strategy.sharding_configs.stage)
+        new = dict(model.named_parameters(remove_duplicate=False))
+        self._param_map = {pid: new[name] for pid, name in old.items() if name in new}
+        return DistributedModel(model, hcg, strategy, loss_parallel)
+
+    def distributed_optimizer(self, optimizer, strategy: DistributedStrategy | None = None):
+        """Point ``optimizer`` at the distributed parameters and make its clipping global across ranks."""
+        hcg = self._require_init()
+        if strategy is not None and strategy is not self.strategy:
+            raise ValueError("distributed_optimizer got a strategy different from fleet.init's; pass the same one")
+        if self._param_map is None:
+            raise RuntimeError("call fleet.distributed_model(model) before fleet.distributed_optimizer(optimizer)")
+        param_map = self._param_map
+        optimizer.rebind_parameters(lambda p: param_map.get(id(p), p))
+        if isinstance(optimizer.grad_clip, ClipGradByGlobalNorm):
+            pp_group = hcg.get_pipe_parallel_group() if hcg.degrees["pp"] > 1 else None
+            optimizer.grad_clip = HybridClipGradByGlobalNorm(optimizer.grad_clip.clip_norm, pp_group)
+        return optimizer
+
+    def shard_batch(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """This rank's slice of a global batch: one of ``dp x sharding`` equal parts along dim 0."""
+        hcg = self._require_init()
+        n, r = hcg.data_world_size, hcg.data_rank
+        out = {}
+        for key, value in batch.items():
+            if isinstance(value, torch.Tensor):
+                if value.shape[0] % n:
+                    raise ValueError(f"global batch of {value.shape[0]} ({key}) does not split over {n} data-parallel "
+                                     "ranks; make it a multiple of dp_degree x sharding_degree")
+                size = value.shape[0] // n
+                value = value[r * size:(r + 1) * size]
+            out[key] = value
+        return out
+
+
+_default = Fleet()
+init = _default.init
+distributed_model = _default.distributed_model
+distributed_optimizer = _default.distributed_optimizer
+get_hybrid_communicate_group = _default.get_hybrid_communicate_group
+worker_index = _default.worker_index
+worker_num = _default.worker_num
+shard_batch = _default.shard_batch
+
+__all__ = ["DistributedStrategy", "Fleet", "distributed_model", "distributed_optimizer",
+           "get_hybrid_communicate_group", "init", "shard_batch", "worker_index", "worker_num"]

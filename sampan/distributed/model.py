@@ -1,0 +1,116 @@
+"""``DistributedModel``: a model placed on the hybrid topology, with ``train_batch`` / ``eval_batch``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from sampan.distributed.strategy import DistributedStrategy
+from sampan.distributed.tensor_parallel import loss_context
+from sampan.distributed.topology import HybridCommunicateGroup
+
+
+def split_micro_batches(batch: dict[str, torch.Tensor], count: int) -> list[dict[str, torch.Tensor]]:
+    """Cut every tensor of ``batch`` into ``count`` equal micro-batches along dim 0."""
+    sizes = {k: v.shape[0] for k, v in batch.items() if isinstance(v, torch.Tensor)}
+    size = next(iter(sizes.values()))
+    if any(s != size for s in sizes.values()):
+        raise ValueError(f"batch tensors disagree on the batch size: {sizes}")
+    if size % count:
+        raise ValueError(f"local batch of {size} does not split into {count} micro-batches "
+                         "(pipeline_configs accumulate_steps); make the batch a multiple of it")
+    step = size // count
+    return [{k: (v[i * step:(i + 1) * step] if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+            for i in range(count)]
+
+
+def loss_token_count(model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
+    """The number of terms ``model``'s mean loss averages on ``batch`` (samples, for unknown models)."""
+    labels = batch.get("labels")
+    counter = getattr(model, "loss_token_count", None)
+    if isinstance(labels, torch.Tensor) and counter is not None:
+        return counter(labels).to(torch.float64)
+    first = next(v for v in batch.values() if isinstance(v, torch.Tensor))
+    return torch.tensor(float(first.shape[0]), dtype=torch.float64)
+
+
+class DistributedModel(nn.Module):
+    """The wrapped model ``fleet.distributed_model`` returns.
+
+    ``forward`` is the model's own. ``train_batch`` runs one whole optimizer step over this rank's
+    local batch and returns the global mean loss, the same on every rank.
+    """
+
+    def __init__(self, model: nn.Module, hcg: HybridCommunicateGroup, strategy: DistributedStrategy,
+                 loss_parallel: bool):
+        super().__init__()
+        self.model = model
+        self.hcg = hcg
+        self.strategy = strategy
+        self._loss_parallel = loss_parallel
+
+    def forward(self, *args, **kwargs):
+        return self.model(*args, **kwargs)
+
+    def _global_mean(self, local: torch.Tensor) -> torch.Tensor:
+        """Average over the ranks that saw different data (dp x sharding)."""
+        if isinstance(local, DTensor):  # a loss from vocabulary-parallel logits is a replicated DTensor
+            local = local.full_tensor()
+        value = local.detach().to(torch.float32).reshape(()).clone()
+        for axis in ("dp", "sharding"):
+            if self.hcg.degrees[axis] > 1:
+                dist.all_reduce(value, group=self.hcg.mesh.get_group(axis))
+        return value / self.hcg.data_world_size
+
+    def train_batch(self, batch: dict[str, Any], optimizer, lr_scheduler=None) -> torch.Tensor:
+        """Forward and backward over ``accumulate_steps`` micro-batches, clip, step, clear gradients.
+
+        ``batch`` is this rank's share of the global batch (``fleet.shard_batch`` cuts it); mp ranks
+        of one data shard pass the same batch. Returns the global mean loss on every rank.
+        """
+        micro = split_micro_batches(batch, self.strategy.pipeline_configs.accumulate_steps)
+        # Each part's mean loss is weighted by how many tokens it averages, against the token count
+        # of the whole global batch, so the step equals one process on the global batch even when
+        # the parts hold different numbers of labelled tokens (MLM masks, padding). Gradient
+        # reduction averages over data ranks, hence the factor data_world_size.
+        counts = [loss_token_count(self.model, mb) for mb in micro]
+        global_count = self._sum_over_data_ranks(torch.stack(counts).sum())
+        if not global_count > 0:
+            raise ValueError("the global batch has no labelled tokens (all labels are -100): nothing to learn from")
+        self.model.train()
+        total = torch.zeros((), dtype=torch.float64)
+        with loss_context(self._loss_parallel):
+            for mb, count in zip(micro, counts, strict=True):
+                loss = self.model(**mb)
+                weight = float(count) / float(global_count)
+                (loss * (weight * self.hcg.data_world_size)).backward()
+                loss = loss.detach()
+                total = total + (loss.full_tensor() if isinstance(loss, DTensor) else loss).to(torch.float64) * weight
+        optimizer.step()
+        optimizer.clear_grad(set_to_zero=False)
+        if lr_scheduler is not None:
+            lr_scheduler.step()
+        return self._sum_over_data_ranks(total).to(torch.float32)
+
+    def _sum_over_data_ranks(self, value: torch.Tensor) -> torch.Tensor:
+        value = value.detach().reshape(()).clone()
+        for axis in ("dp", "sharding"):
+            if self.hcg.degrees[axis] > 1:
+                dist.all_reduce(value, group=self.hcg.mesh.get_group(axis))
+        return value
+
+    @torch.no_grad()
+    def eval_batch(self, batch: dict[str, Any]) -> torch.Tensor:
+        """The global mean loss of ``batch`` (this rank's share), without updating anything."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with loss_context(self._loss_parallel):
+                loss = self.model(**batch)
+        finally:
+            self.model.train(was_training)
+        return self._global_mean(loss)

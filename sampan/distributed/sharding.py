@@ -1,0 +1,42 @@
+"""Data parallelism and ZeRO sharding through FSDP2 (``fully_shard``) on the dp x sharding mesh.
+
+The 2-D mesh ``(dp, sharding)`` gives HSDP: parameters are replicated across ``dp`` and sharded
+across ``sharding``. ``dp`` alone is plain data parallelism (shard groups of one).
+
+ZeRO stages map onto FSDP2 as follows:
+
+* stage 3 shards parameters, gradients and optimizer state; parameters are gathered for forward
+  and again for backward (``reshard_after_forward=True``).
+* stage 2 keeps the gathered parameters from forward to backward (``reshard_after_forward=False``);
+  gradients and optimizer state are sharded.
+* stage 1 runs as stage 2. FSDP2 always reduce-scatters gradients, so it has no "sharded
+  optimizer state with full gradients" mode; stage 2 moves the same bytes (reduce-scatter +
+  all-gather = one all-reduce) and holds less memory, so nothing is lost.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
+
+from sampan.nn.transformer import TransformerBlock
+
+
+def shard_units(model: nn.Module) -> list[nn.Module]:
+    """Modules that become their own FSDP unit (gathered one at a time): the transformer blocks."""
+    blocks = [m for m in model.modules() if isinstance(m, TransformerBlock)]
+    if blocks:
+        return blocks
+    return [child for m in model.modules() if isinstance(m, nn.ModuleList) for child in m]
+
+
+def apply_sharding(model: nn.Module, mesh: DeviceMesh, stage: int) -> nn.Module:
+    """``fully_shard`` each block, then the root (embeddings, norms, head) over ``mesh``."""
+    if stage not in (1, 2, 3):
+        raise ValueError(f"sharding stage must be 1, 2 or 3, got {stage}")
+    reshard = stage == 3
+    for unit in shard_units(model):
+        fully_shard(unit, mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+    return model

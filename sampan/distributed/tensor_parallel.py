@@ -1,0 +1,73 @@
+"""Apply a tensor-parallel plan (name pattern -> "colwise" | "rowwise" | "vocab") with DTensor."""
+
+from __future__ import annotations
+
+import contextlib
+from fnmatch import fnmatchcase
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    RowwiseParallel,
+    loss_parallel,
+    parallelize_module,
+)
+
+STYLES = ("colwise", "rowwise", "vocab")
+
+
+def _style(kind: str, module: nn.Module, name: str):
+    if kind == "colwise":
+        return ColwiseParallel()
+    if kind == "rowwise":
+        return RowwiseParallel()
+    if isinstance(module, nn.Embedding):
+        # Each rank holds a slice of the vocabulary; out-of-slice ids give zeros, and the partial
+        # embeddings are summed (all-reduce) into a replicated output.
+        return RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+    if isinstance(module, nn.Linear):
+        # Logits stay sharded over the vocabulary (a DTensor) for the parallel cross-entropy.
+        return ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
+    raise ValueError(f"style 'vocab' needs an nn.Embedding or nn.Linear, but {name} is a {type(module).__name__}")
+
+
+def resolve_plan(model: nn.Module, plan: dict[str, str]) -> dict[str, object]:
+    """Match ``plan``'s patterns against ``model``'s module names; every pattern must match something."""
+    resolved: dict[str, object] = {}
+    modules = dict(model.named_modules())
+    for pattern, kind in plan.items():
+        if kind not in STYLES:
+            raise ValueError(f"tensor-parallel plan entry {pattern!r}: unknown style {kind!r}; allowed: {list(STYLES)}")
+        matches = [name for name in modules if name and fnmatchcase(name, pattern)]
+        if not matches:
+            raise ValueError(f"tensor-parallel plan pattern {pattern!r} matches no module of {type(model).__name__}")
+        for name in matches:
+            resolved[name] = _style(kind, modules[name], name)
+    return resolved
+
+
+def uses_loss_parallel(model: nn.Module, plan: dict[str, str]) -> bool:
+    """Whether an output layer is vocabulary-parallel (then the loss must run under ``loss_parallel``)."""
+    modules = dict(model.named_modules())
+    return any(kind == "vocab" and isinstance(modules[name], nn.Linear)
+               for pattern, kind in plan.items() for name in modules if name and fnmatchcase(name, pattern))
+
+
+def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, plan: dict[str, str]) -> nn.Module:
+    """Shard ``model`` in place over the 1-D ``mesh`` as ``plan`` says; tied weights are re-tied."""
+    if hasattr(model, "config"):
+        heads = getattr(model.config, "num_heads", None)
+        if heads is not None and heads % mesh.size():
+            raise ValueError(f"mp_degree {mesh.size()} does not divide the model's {heads} attention heads")
+    parallelize_module(model, mesh, resolve_plan(model, plan))
+    # Sharding replaced each tied parameter twice (embedding and head); share the result again.
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()
+    return model
+
+
+def loss_context(enabled: bool):
+    """``loss_parallel()`` when logits are vocabulary-sharded, else nothing."""
+    return loss_parallel() if enabled else contextlib.nullcontext()

@@ -1,0 +1,44 @@
+"""How sampan's models split for tensor parallelism, declared beside them (not inside them).
+
+A plan maps module-name patterns (``fnmatch``, relative to the model root) to a style name that
+``sampan.distributed`` turns into torch's parallel styles:
+
+* "colwise": shard the output features (q/k/v projections, the first FFN layer).
+* "rowwise": shard the input features and all-reduce the output (attention output, second FFN layer).
+* "vocab": shard the vocabulary. On an embedding: each rank looks up its slice of the table and
+  the partial results are summed. On an output layer: logits stay sharded by vocabulary and the
+  loss is computed by a parallel cross-entropy, so the full ``[tokens, vocab]`` logits never exist
+  on one rank.
+
+Anything not matched (norms, position embeddings, pooler, classifiers) is replicated.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from sampan.models.ernie.modeling import ErnieModel
+from sampan.models.gpt.modeling import GPTModel
+
+# The blocks of both families are sampan.nn.TransformerBlock, so they split the same way.
+BLOCK_PLAN = {
+    "*layers.*.attn.q_proj": "colwise",
+    "*layers.*.attn.k_proj": "colwise",
+    "*layers.*.attn.v_proj": "colwise",
+    "*layers.*.attn.out_proj": "rowwise",
+    "*layers.*.mlp.fc1": "colwise",
+    "*layers.*.mlp.fc2": "rowwise",
+}
+
+GPT_PLAN = {"*embeddings.word_embeddings": "vocab", **BLOCK_PLAN, "lm_head": "vocab"}
+ERNIE_PLAN = {"*embeddings.word_embeddings": "vocab", **BLOCK_PLAN, "lm_head.decoder": "vocab"}
+
+
+def tensor_parallel_plan(model: nn.Module) -> dict[str, str] | None:
+    """The plan for a sampan model (bare or with a head), or None for a model sampan doesn't know."""
+    for module in model.modules():
+        if isinstance(module, GPTModel):
+            return dict(GPT_PLAN)
+        if isinstance(module, ErnieModel):
+            return dict(ERNIE_PLAN)
+    return None

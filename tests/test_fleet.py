@@ -1,0 +1,94 @@
+"""fleet on real multi-process gloo groups: every strategy matches one process, mistakes fail fast.
+
+Each case launches ``tests/scripts/fleet_equivalence.py`` under torchrun, trains a tiny GPT or
+ERNIE for 5 AdamW steps (clipping on), and compares the per-step global losses with the same
+script run as one plain process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).parent / "scripts" / "fleet_equivalence.py"
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def _torchrun(nproc: int, out: Path, *args: str, timeout: int = 240) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           str(SCRIPT), str(out), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=timeout)
+
+
+def _losses(out: Path) -> list[float]:
+    return json.loads(out.read_text())["losses"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict[str, list[float]]:
+    """One-process losses per model family (no fleet, no process group)."""
+    out = {}
+    for family in ("gpt", "ernie"):
+        path = tmp_path_factory.mktemp("ref") / f"{family}.json"
+        subprocess.run([sys.executable, str(SCRIPT), str(path), "--family", family], check=True, env=ENV,
+                       timeout=120, capture_output=True)
+        out[family] = _losses(path)
+    return out
+
+
+def _assert_close(got: list[float], want: list[float]) -> None:
+    assert len(got) == len(want) == 5
+    for step, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert abs(g - w) <= 1e-5 * abs(w), f"step {step}: {g} vs one process {w}"
+
+
+CASES = {
+    "dp2": (2, ["--dp", "2"]),
+    "mp2": (2, ["--mp", "2"]),
+    "sharding2-stage1": (2, ["--sharding", "2", "--stage", "1"]),
+    "sharding2-stage2": (2, ["--sharding", "2", "--stage", "2"]),
+    "sharding2-stage3": (2, ["--sharding", "2", "--stage", "3"]),
+    "dp2-accumulate2": (2, ["--dp", "2", "--accumulate", "2"]),
+    "dp2xmp2": (4, ["--dp", "2", "--mp", "2"]),
+    "dp2xsharding2-stage3": (4, ["--dp", "2", "--sharding", "2", "--stage", "3"]),
+}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("family", ["gpt", "ernie"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_strategy_matches_one_process(case, family, reference, tmp_path):
+    nproc, args = CASES[case]
+    out = tmp_path / "losses.json"
+    run = _torchrun(nproc, out, "--family", family, *args)
+    assert run.returncode == 0, run.stderr[-3000:]
+    _assert_close(_losses(out), reference[family])
+
+
+@pytest.mark.timeout(120)
+def test_single_process_fleet_matches_plain_training(reference, tmp_path):
+    out = tmp_path / "losses.json"
+    subprocess.run([sys.executable, str(SCRIPT), str(out), "--fleet"], check=True, env=ENV, timeout=100,
+                   capture_output=True)
+    _assert_close(_losses(out), reference["gpt"])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("nproc", "args", "message"), [
+    (2, ["--dp", "2", "--mp", "2"], "but world_size is 2"),
+    (2, ["--mp", "2", "--pp", "1", "--dp", "1", "--sharding", "2"], "but world_size is 2"),
+    (3, ["--mp", "3"], "mp_degree 3 does not divide the model's 4 attention heads"),
+    (2, ["--pp", "2"], "pipeline parallelism is not implemented"),
+])
+def test_mistakes_fail_on_every_rank_with_a_clear_error(nproc, args, message, tmp_path):
+    run = _torchrun(nproc, tmp_path / "x.json", *args, timeout=100)
+    assert run.returncode != 0
+    # torchrun prefixes each rank's lines; every rank must have raised the same clear error.
+    for rank in range(nproc):
+        assert any(line.startswith(f"[rank{rank}]") and message in line for line in run.stderr.splitlines()), (
+            f"rank {rank} did not report {message!r}:\n{run.stderr[-3000:]}")
