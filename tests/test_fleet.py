@@ -56,6 +56,11 @@ CASES = {
     "dp2-accumulate2": (2, ["--dp", "2", "--accumulate", "2"]),
     "dp2xmp2": (4, ["--dp", "2", "--mp", "2"]),
     "dp2xsharding2-stage3": (4, ["--dp", "2", "--sharding", "2", "--stage", "3"]),
+    "pp2-1F1B": (2, ["--pp", "2", "--accumulate", "2", "--schedule", "1F1B"]),
+    "pp2-GPipe": (2, ["--pp", "2", "--accumulate", "4", "--schedule", "GPipe"]),
+    "pp2-interleaved": (2, ["--pp", "2", "--accumulate", "2", "--schedule", "Interleaved1F1B", "--vpp", "2"]),
+    "mp2xpp2": (4, ["--mp", "2", "--pp", "2", "--accumulate", "2"]),
+    "dp2xpp2": (4, ["--dp", "2", "--pp", "2", "--accumulate", "2"]),
 }
 
 
@@ -68,6 +73,14 @@ def test_strategy_matches_one_process(case, family, reference, tmp_path):
     run = _torchrun(nproc, out, "--family", family, *args)
     assert run.returncode == 0, run.stderr[-3000:]
     _assert_close(_losses(out), reference[family])
+
+
+@pytest.mark.timeout(420)
+def test_dp2_mp2_pp2_on_8_ranks(reference, tmp_path):
+    out = tmp_path / "losses.json"
+    run = _torchrun(8, out, "--dp", "2", "--mp", "2", "--pp", "2", "--accumulate", "2", timeout=400)
+    assert run.returncode == 0, run.stderr[-3000:]
+    _assert_close(_losses(out), reference["gpt"])
 
 
 @pytest.mark.timeout(120)
@@ -83,7 +96,7 @@ def test_single_process_fleet_matches_plain_training(reference, tmp_path):
     (2, ["--dp", "2", "--mp", "2"], "but world_size is 2"),
     (2, ["--mp", "2", "--pp", "1", "--dp", "1", "--sharding", "2"], "but world_size is 2"),
     (3, ["--mp", "3"], "mp_degree 3 does not divide the model's 4 attention heads"),
-    (2, ["--pp", "2"], "pipeline parallelism is not implemented"),
+    (2, ["--pp", "2", "--accumulate", "1"], "micro-batches fewer than pipeline stages"),
 ])
 def test_mistakes_fail_on_every_rank_with_a_clear_error(nproc, args, message, tmp_path):
     run = _torchrun(nproc, tmp_path / "x.json", *args, timeout=100)

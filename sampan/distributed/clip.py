@@ -18,7 +18,8 @@ def global_grad_norm(parameters, pp_group=None) -> torch.Tensor:
     """
     total = torch.zeros((), dtype=torch.float64)
     for p in parameters:
-        if p.grad is None:
+        # A tied weight's second copy (the output head on the last pipeline stage) counts once.
+        if p.grad is None or getattr(p, "_sampan_pipeline_duplicate", False):
             continue
         norm = torch.linalg.vector_norm(p.grad, 2)
         if isinstance(norm, DTensor):

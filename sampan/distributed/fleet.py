@@ -23,11 +23,12 @@ from torch import nn
 from sampan.distributed import env
 from sampan.distributed.clip import HybridClipGradByGlobalNorm
 from sampan.distributed.model import DistributedModel
+from sampan.distributed.pipeline import PipelineRunner, TiedWeightSync, build_stage_modules
 from sampan.distributed.sharding import apply_sharding
 from sampan.distributed.strategy import DistributedStrategy
 from sampan.distributed.tensor_parallel import apply_tensor_parallel, uses_loss_parallel
 from sampan.distributed.topology import HybridCommunicateGroup
-from sampan.models.parallel_plans import tensor_parallel_plan
+from sampan.models.parallel_plans import pipeline_parts, tensor_parallel_plan
 from sampan.nn.clip import ClipGradByGlobalNorm
 from sampan.trainer.recompute import apply_recompute
 
@@ -48,9 +49,6 @@ class Fleet:
         env.init_process_group()
         self.strategy = strategy if strategy is not None else DistributedStrategy()
         degrees = self.strategy.resolve_degrees(dist.get_world_size())
-        if degrees["pp"] > 1:
-            raise ValueError("pp_degree > 1: pipeline parallelism is not implemented in sampan yet; "
-                             "use dp, mp and sharding degrees for now")
         if self.strategy.tensor_parallel_configs.sequence_parallel and degrees["mp"] > 1:
             raise ValueError("sequence_parallel is not implemented in sampan yet; set it to False")
         self.hcg = HybridCommunicateGroup(degrees, env.default_device_type())
@@ -82,6 +80,8 @@ class Fleet:
         config = getattr(model, "config", None)
         if config is not None and hasattr(config, "num_heads"):
             strategy.validate_for_model(config.num_heads, config.num_layers, config.vocab_size, degrees)
+        if degrees["pp"] > 1:
+            return self._distributed_pipeline_model(model, tp_plan)
         old = {id(p): name for name, p in model.named_parameters(remove_duplicate=False)}
         loss_parallel = False
         if degrees["mp"] > 1:
@@ -97,6 +97,44 @@ class Fleet:
         new = dict(model.named_parameters(remove_duplicate=False))
         self._param_map = {pid: new[name] for pid, name in old.items() if name in new}
         return DistributedModel(model, hcg, strategy, loss_parallel)
+
+    def _distributed_pipeline_model(self, model: nn.Module, tp_plan: dict[str, str] | None) -> DistributedModel:
+        """pp > 1: keep only this rank's stages, then tensor parallel, recompute and sharding per stage."""
+        hcg, strategy = self.hcg, self.strategy
+        degrees = hcg.degrees
+        parts = pipeline_parts(model)
+        if parts is None:
+            raise ValueError(f"pp_degree {degrees['pp']} needs pipeline split points for {type(model).__name__}; "
+                             "sampan knows GPTForCausalLM and ErnieForMaskedLM")
+        tied = {id(p) for p in parts.embeddings.parameters()} & {id(p) for p in parts.lm_head.parameters()}
+        pipe = strategy.pipeline_configs
+        virtual = pipe.virtual_pp_degree
+        stages = build_stage_modules(parts, hcg.get_stage_id(), degrees["pp"], virtual)
+        old = {id(p): (k, name) for k, (_, m) in enumerate(stages) for name, p in m.named_parameters()}
+        plan = tp_plan if tp_plan is not None else tensor_parallel_plan(model)
+        for _, module in stages:
+            if degrees["mp"] > 1:
+                if plan is None:
+                    raise ValueError(f"mp_degree {degrees['mp']} needs a tensor-parallel plan for "
+                                     f"{type(model).__name__}")
+                apply_tensor_parallel(module, hcg.mesh["mp"], plan, require_match=False, sharded_logits=False)
+            apply_recompute(module, strategy.recompute)
+            if hcg.data_world_size > 1:
+                apply_sharding(module, hcg.mesh["dp", "sharding"], strategy.sharding_configs.stage)
+        news = [dict(m.named_parameters()) for _, m in stages]
+        self._param_map = {pid: news[k][name] for pid, (k, name) in old.items()}
+        tied_params = [self._param_map[pid] for pid in tied if pid in self._param_map]
+        num_stages = degrees["pp"] * virtual
+        for (index, _module), new in zip(stages, news, strict=True):
+            if index == num_stages - 1:
+                for pid in tied:
+                    if pid in self._param_map and any(q is self._param_map[pid] for q in new.values()):
+                        self._param_map[pid]._sampan_pipeline_duplicate = True
+        device = torch.device(env.default_device_type())
+        runner = PipelineRunner(stages, num_stages, hcg.get_pipe_parallel_group(), pipe.schedule_mode,
+                                pipe.accumulate_steps, parts.loss, device)
+        sync = TiedWeightSync(hcg.mesh, tied_params) if tied else None
+        return DistributedModel(model, hcg, strategy, loss_parallel=False, pipeline=runner, tied_sync=sync)
 
     def distributed_optimizer(self, optimizer, strategy: DistributedStrategy | None = None):
         """Point ``optimizer`` at the distributed parameters and make its clipping global across ranks."""

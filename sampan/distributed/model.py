@@ -46,15 +46,43 @@ class DistributedModel(nn.Module):
     """
 
     def __init__(self, model: nn.Module, hcg: HybridCommunicateGroup, strategy: DistributedStrategy,
-                 loss_parallel: bool):
+                 loss_parallel: bool, pipeline=None, tied_sync=None):
         super().__init__()
-        self.model = model
         self.hcg = hcg
         self.strategy = strategy
         self._loss_parallel = loss_parallel
+        self._pipeline = pipeline
+        self._tied_sync = tied_sync
+        if pipeline is None:
+            self.model = model
+        else:
+            # Only this rank's stages are registered; the rest of the model is not held here.
+            self.stages = nn.ModuleList(pipeline.modules)
+            self._loss_counter = getattr(model, "loss_token_count", None)
 
     def forward(self, *args, **kwargs):
+        if self._pipeline is not None:
+            raise RuntimeError("a pipeline-parallel model runs through train_batch / eval_batch, not forward")
         return self.model(*args, **kwargs)
+
+    def _pipeline_step(self, batch: dict[str, Any], train: bool) -> torch.Tensor:
+        unknown = sorted(set(batch) - {"input_ids", "labels"})
+        if unknown:
+            raise ValueError(f"pipeline-parallel batches hold input_ids and labels only; got also {unknown}")
+        labels = batch["labels"]
+        local = self._loss_counter(labels) if self._loss_counter is not None else labels.numel()
+        global_count = self._sum_over_data_ranks(torch.as_tensor(local, dtype=torch.float64))
+        if not global_count > 0:
+            raise ValueError("the global batch has no labelled tokens (all labels are -100): nothing to learn from")
+        for module in self._pipeline.modules:
+            module.train(train)
+        scale = self.hcg.data_world_size / float(global_count)
+        total = self._pipeline.run(batch["input_ids"], labels, scale, train=train)
+        # Only the last stage computed the loss: share it with every pp rank, then every data rank.
+        loss = total / self.hcg.data_world_size
+        if self.hcg.degrees["pp"] > 1:
+            dist.all_reduce(loss, group=self.hcg.get_pipe_parallel_group())
+        return self._sum_over_data_ranks(loss).to(torch.float32)
 
     def _global_mean(self, local: torch.Tensor) -> torch.Tensor:
         """Average over the ranks that saw different data (dp x sharding)."""
@@ -72,6 +100,15 @@ class DistributedModel(nn.Module):
         ``batch`` is this rank's share of the global batch (``fleet.shard_batch`` cuts it); mp ranks
         of one data shard pass the same batch. Returns the global mean loss on every rank.
         """
+        if self._pipeline is not None:
+            loss = self._pipeline_step(batch, train=True)
+            if self._tied_sync is not None:
+                self._tied_sync.sync()
+            optimizer.step()
+            optimizer.clear_grad(set_to_zero=False)
+            if lr_scheduler is not None:
+                lr_scheduler.step()
+            return loss
         micro = split_micro_batches(batch, self.strategy.pipeline_configs.accumulate_steps)
         # Each part's mean loss is weighted by how many tokens it averages, against the token count
         # of the whole global batch, so the step equals one process on the global batch even when
@@ -106,6 +143,8 @@ class DistributedModel(nn.Module):
     @torch.no_grad()
     def eval_batch(self, batch: dict[str, Any]) -> torch.Tensor:
         """The global mean loss of ``batch`` (this rank's share), without updating anything."""
+        if self._pipeline is not None:
+            return self._pipeline_step(batch, train=False)
         was_training = self.model.training
         self.model.eval()
         try:

@@ -18,7 +18,7 @@ from torch.distributed.tensor.parallel import (
 STYLES = ("colwise", "rowwise", "vocab")
 
 
-def _style(kind: str, module: nn.Module, name: str):
+def _style(kind: str, module: nn.Module, name: str, sharded_logits: bool = True):
     if kind == "colwise":
         return ColwiseParallel()
     if kind == "rowwise":
@@ -28,23 +28,31 @@ def _style(kind: str, module: nn.Module, name: str):
         # embeddings are summed (all-reduce) into a replicated output.
         return RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
     if isinstance(module, nn.Linear):
+        if not sharded_logits:
+            # Pipeline stages pass plain tensors: gather the logits (no parallel cross-entropy).
+            return ColwiseParallel(output_layouts=Replicate())
         # Logits stay sharded over the vocabulary (a DTensor) for the parallel cross-entropy.
         return ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
     raise ValueError(f"style 'vocab' needs an nn.Embedding or nn.Linear, but {name} is a {type(module).__name__}")
 
 
-def resolve_plan(model: nn.Module, plan: dict[str, str]) -> dict[str, object]:
-    """Match ``plan``'s patterns against ``model``'s module names; every pattern must match something."""
+def resolve_plan(model: nn.Module, plan: dict[str, str], require_match: bool = True,
+                 sharded_logits: bool = True) -> dict[str, object]:
+    """Match ``plan``'s patterns against ``model``'s module names.
+
+    Every pattern must match something unless ``require_match`` is False (a pipeline stage holds
+    only part of the model).
+    """
     resolved: dict[str, object] = {}
     modules = dict(model.named_modules())
     for pattern, kind in plan.items():
         if kind not in STYLES:
             raise ValueError(f"tensor-parallel plan entry {pattern!r}: unknown style {kind!r}; allowed: {list(STYLES)}")
         matches = [name for name in modules if name and fnmatchcase(name, pattern)]
-        if not matches:
+        if not matches and require_match:
             raise ValueError(f"tensor-parallel plan pattern {pattern!r} matches no module of {type(model).__name__}")
         for name in matches:
-            resolved[name] = _style(kind, modules[name], name)
+            resolved[name] = _style(kind, modules[name], name, sharded_logits)
     return resolved
 
 
@@ -55,13 +63,14 @@ def uses_loss_parallel(model: nn.Module, plan: dict[str, str]) -> bool:
                for pattern, kind in plan.items() for name in modules if name and fnmatchcase(name, pattern))
 
 
-def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, plan: dict[str, str]) -> nn.Module:
+def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, plan: dict[str, str], require_match: bool = True,
+                          sharded_logits: bool = True) -> nn.Module:
     """Shard ``model`` in place over the 1-D ``mesh`` as ``plan`` says; tied weights are re-tied."""
     if hasattr(model, "config"):
         heads = getattr(model.config, "num_heads", None)
         if heads is not None and heads % mesh.size():
             raise ValueError(f"mp_degree {mesh.size()} does not divide the model's {heads} attention heads")
-    parallelize_module(model, mesh, resolve_plan(model, plan))
+    parallelize_module(model, mesh, resolve_plan(model, plan, require_match, sharded_logits))
     # Sharding replaced each tied parameter twice (embedding and head); share the result again.
     if hasattr(model, "tie_weights"):
         model.tie_weights()

@@ -15,10 +15,12 @@ Anything not matched (norms, position embeddings, pooler, classifiers) is replic
 
 from __future__ import annotations
 
+import dataclasses
+
 from torch import nn
 
-from sampan.models.ernie.modeling import ErnieModel
-from sampan.models.gpt.modeling import GPTModel
+from sampan.models.ernie.modeling import ErnieForMaskedLM, ErnieModel
+from sampan.models.gpt.modeling import GPTForCausalLM, GPTModel
 
 # The blocks of both families are sampan.nn.TransformerBlock, so they split the same way.
 BLOCK_PLAN = {
@@ -41,4 +43,32 @@ def tensor_parallel_plan(model: nn.Module) -> dict[str, str] | None:
             return dict(GPT_PLAN)
         if isinstance(module, ErnieModel):
             return dict(ERNIE_PLAN)
+    return None
+
+
+@dataclasses.dataclass
+class PipelineParts:
+    """Where a model cuts into pipeline stages: embeddings on the first, the layer list split in
+    order across stages, then the final norm and output head on the last.
+
+    ``loss`` names the loss the last stage computes from the head's logits: "causal_lm" (next
+    token, shifted) or "token" (per position, -100 ignored).
+    """
+
+    embeddings: nn.Module
+    layers: nn.ModuleList
+    norm: nn.Module | None
+    lm_head: nn.Module
+    causal: bool
+    loss: str
+
+
+def pipeline_parts(model: nn.Module) -> PipelineParts | None:
+    """The pipeline split of a sampan language model, or None for a model sampan doesn't know."""
+    if isinstance(model, GPTForCausalLM):
+        return PipelineParts(model.gpt.embeddings, model.gpt.layers, model.gpt.norm, model.lm_head,
+                             causal=True, loss="causal_lm")
+    if isinstance(model, ErnieForMaskedLM):
+        return PipelineParts(model.ernie.embeddings, model.ernie.layers, None, model.lm_head,
+                             causal=False, loss="token")
     return None

@@ -200,7 +200,8 @@ class Optimizer:
         """Point the optimizer at new parameter objects, e.g. after a model was sharded.
 
         Tensor and data parallelism replace each parameter by a DTensor; ``new_parameter(old)``
-        returns the replacement. Only allowed before the first step (there is no state to move yet).
+        returns the replacement, or None for a parameter this rank no longer holds (another pipeline
+        stage's). Only allowed before the first step (there is no state to move yet).
         """
         inner = self._inner
         if inner is None:
@@ -209,8 +210,13 @@ class Optimizer:
             raise RuntimeError("rebind_parameters() must be called before the first optimizer step: "
                                "create the optimizer, then fleet.distributed_model, then train")
         kept = ("weight_decay", "lr_mult", "lr")
-        groups = [{"params": [new_parameter(p) for p in group["params"]], **{k: group[k] for k in kept}}
-                  for group in inner.param_groups]
+        groups = []
+        for group in inner.param_groups:
+            params = [q for q in (new_parameter(p) for p in group["params"]) if q is not None]
+            if params:
+                groups.append({"params": params, **{k: group[k] for k in kept}})
+        if not groups:
+            raise RuntimeError("rebind_parameters() left the optimizer with no parameters")
         self._inner = self._create(groups)
 
     @property

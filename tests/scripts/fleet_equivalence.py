@@ -26,9 +26,9 @@ STEPS = 5
 def make_model(family: str):
     torch.manual_seed(0)
     if family == "gpt":
-        return create("gpt-tiny", vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,
+        return create("gpt-tiny", vocab_size=64, hidden_size=32, num_layers=4, num_heads=4,
                       max_position_embeddings=16)
-    return create("ernie-tiny", vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
+    return create("ernie-tiny", vocab_size=64, hidden_size=32, num_layers=4, num_heads=4, intermediate_size=64,
                   max_position_embeddings=16, dropout=0.0, attention_dropout=0.0)
 
 
@@ -53,6 +53,8 @@ def main() -> None:
         parser.add_argument(f"--{axis}", type=int, default=1)
     parser.add_argument("--stage", type=int, default=1)
     parser.add_argument("--accumulate", type=int, default=1)
+    parser.add_argument("--schedule", default="1F1B")
+    parser.add_argument("--vpp", type=int, default=1)
     parser.add_argument("--fleet", action="store_true", help="use fleet even in a single process")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -74,7 +76,8 @@ def main() -> None:
         strategy.hybrid_configs = {"dp_degree": args.dp, "mp_degree": args.mp, "pp_degree": args.pp,
                                    "sharding_degree": args.sharding}
         strategy.sharding_configs = {"stage": args.stage}
-        strategy.pipeline_configs = {"accumulate_steps": args.accumulate}
+        strategy.pipeline_configs = {"accumulate_steps": args.accumulate, "schedule_mode": args.schedule,
+                                     "virtual_pp_degree": args.vpp}
         fleet.init(is_collective=True, strategy=strategy)
         dmodel = fleet.distributed_model(model)
         optimizer = fleet.distributed_optimizer(optimizer)

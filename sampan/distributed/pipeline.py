@@ -1,0 +1,156 @@
+"""Pipeline parallelism on ``torch.distributed.pipelining``: stages cut from the layer list.
+
+Each pp rank builds only its stages (``StageModule``s holding the model's own submodules), and a
+schedule (GPipe, 1F1B, Interleaved1F1B) runs the micro-batches through them. The last stage
+computes the loss; the embedding table and a tied output head sit on different stages, so each
+keeps a copy and their gradients are summed across the two stages before every update (as
+Megatron does).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+)
+from torch.distributed.tensor import DTensor
+
+from sampan.models.parallel_plans import PipelineParts
+
+
+class StageModule(nn.Module):
+    """One pipeline stage: optional embeddings, a run of blocks, optional final norm and head.
+
+    Attribute names mirror the model's (``embeddings``, ``layers``, ``lm_head``) so the same
+    tensor-parallel plan patterns apply to a stage.
+    """
+
+    def __init__(self, parts: PipelineParts, first: int, last: int, is_first: bool, is_last: bool):
+        super().__init__()
+        self.embeddings = parts.embeddings if is_first else None
+        self.layers = nn.ModuleList(parts.layers[first:last])
+        self.norm = parts.norm if is_last else None
+        self.lm_head = parts.lm_head if is_last else None
+        self.causal = parts.causal
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.embeddings is not None:
+            x = self.embeddings(x)
+        for layer in self.layers:
+            x = layer(x, None, self.causal)
+        if self.norm is not None:
+            x = self.norm(x)
+        if self.lm_head is not None:
+            x = self.lm_head(x)
+        return x
+
+
+def layer_ranges(num_layers: int, num_chunks: int) -> list[tuple[int, int]]:
+    """Split ``num_layers`` into ``num_chunks`` contiguous runs, earlier runs one longer if uneven."""
+    base, extra = divmod(num_layers, num_chunks)
+    ranges, start = [], 0
+    for i in range(num_chunks):
+        end = start + base + (1 if i < extra else 0)
+        ranges.append((start, end))
+        start = end
+    return ranges
+
+
+def stage_indices(pp_rank: int, pp_size: int, virtual: int) -> list[int]:
+    """The stages a pp rank runs: one, or ``virtual`` interleaved ones (rank, rank + pp, ...)."""
+    return [pp_rank + k * pp_size for k in range(virtual)]
+
+
+def build_stage_modules(parts: PipelineParts, pp_rank: int, pp_size: int, virtual: int) -> list[tuple[int, StageModule]]:
+    num_stages = pp_size * virtual
+    if len(parts.layers) < num_stages:
+        raise ValueError(f"{len(parts.layers)} layers cannot fill {num_stages} pipeline stages")
+    ranges = layer_ranges(len(parts.layers), num_stages)
+    return [(i, StageModule(parts, *ranges[i], is_first=i == 0, is_last=i == num_stages - 1))
+            for i in stage_indices(pp_rank, pp_size, virtual)]
+
+
+def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor, kind: str) -> torch.Tensor:
+    """Summed cross-entropy of the head's logits (shifted for a causal LM), -100 ignored."""
+    if kind == "causal_lm":
+        logits, labels = logits[:, :-1], labels[:, 1:]
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
+                           ignore_index=-100, reduction="sum")
+
+
+SCHEDULES = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B, "Interleaved1F1B": ScheduleInterleaved1F1B}
+
+
+class PipelineRunner:
+    """Holds this rank's stages and schedule; ``run`` does one forward/backward over all micro-batches."""
+
+    def __init__(self, stages: list[tuple[int, StageModule]], num_stages: int, pp_group, schedule_mode: str,
+                 n_microbatches: int, loss_kind: str, device: torch.device):
+        self.modules = [module for _, module in stages]
+        self.num_stages = num_stages
+        self.pp_group = pp_group
+        self.loss_kind = loss_kind
+        self.has_first = any(i == 0 for i, _ in stages)
+        self.has_last = any(i == num_stages - 1 for i, _ in stages)
+        self._scale = 1.0
+        self.stages = [PipelineStage(module, i, num_stages, device, group=pp_group) for i, module in stages]
+        cls = SCHEDULES[schedule_mode]
+        stage_arg = self.stages if cls is ScheduleInterleaved1F1B else self.stages[0]
+        # The loss is scaled by hand (token weighting), so the schedule must not divide gradients.
+        self.schedule = cls(stage_arg, n_microbatches=n_microbatches, loss_fn=self._loss, scale_grads=False)
+
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return token_loss_sum(logits, labels, self.loss_kind) * self._scale
+
+    def run(self, input_ids: torch.Tensor, labels: torch.Tensor, scale: float, train: bool = True) -> torch.Tensor:
+        """Run the schedule; returns the sum of the micro-batch losses on the last stage (0 elsewhere)."""
+        self._scale = scale
+        losses: list[torch.Tensor] = []
+        args = (input_ids,) if self.has_first else ()
+        kwargs = {"target": labels, "losses": losses} if self.has_last else {}
+        if train:
+            self.schedule.step(*args, **kwargs)
+        else:
+            self.schedule.eval(*args, **kwargs)
+        total = torch.zeros((), dtype=torch.float64)
+        for loss in losses:
+            loss = loss.detach()
+            total = total + (loss.full_tensor() if isinstance(loss, DTensor) else loss).to(torch.float64)
+        return total
+
+
+class TiedWeightSync:
+    """Sums the gradients of a weight held by two stages (embedding table and tied head)."""
+
+    def __init__(self, mesh, params: list[nn.Parameter]):
+        # One group per pipeline: its first and last stage ranks. Every rank must create every
+        # group (torch.distributed requires it), then keeps its own.
+        ranks = mesh.mesh  # [pp, dp, sharding, mp] global ranks
+        first, last = ranks[0].flatten().tolist(), ranks[-1].flatten().tolist()
+        me = dist.get_rank()
+        self.group = None
+        for a, b in zip(first, last, strict=True):
+            group = dist.new_group([a, b])
+            if me in (a, b):
+                self.group = group
+        self.params = params
+
+    def sync(self) -> None:
+        for p in self.params:
+            if p.grad is None:
+                continue
+            grad = p.grad
+            if isinstance(grad, DTensor):
+                # The embedding's gradient may come back replicated or partial while the head's is
+                # sharded like its weight: bring both to the weight's layout so the shards line up.
+                if grad.placements != p.placements:
+                    grad = grad.redistribute(grad.device_mesh, p.placements)
+                    p.grad = grad
+                grad = grad.to_local()
+            dist.all_reduce(grad, group=self.group)
