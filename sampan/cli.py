@@ -107,6 +107,30 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_launch(args: argparse.Namespace) -> int:
+    from sampan.distributed.launch import LaunchConfig, launch
+
+    return launch(LaunchConfig(script=args.script, script_args=list(args.script_args),
+                               nproc_per_node=args.nproc_per_node, nnodes=args.nnodes, node_rank=args.node_rank,
+                               rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
+                               max_restarts=args.max_restarts, standalone=args.standalone, log_dir=args.log_dir,
+                               module=args.module))
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from sampan.distributed.comm_bench import parse_list, parse_sizes, print_table, run_comm_bench
+
+    report = run_comm_bench(sizes=parse_sizes(args.sizes), ops=parse_list(args.ops), iters=args.iters,
+                            warmup=args.warmup, nproc=args.nproc, backend=args.backend, dtype=args.dtype)
+    if report is None:  # a launched rank other than 0: rank 0 reports
+        return 0
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_table(report)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from sampan import __version__
 
@@ -143,6 +167,67 @@ def build_parser() -> argparse.ArgumentParser:
                               description="List registered model configs (closed-form parameter counts).")
     models.add_argument("--json", action="store_true", help="print JSON instead of a table")
     models.set_defaults(func=_cmd_models)
+
+    launch = verbs.add_parser(
+        "launch", help="run a script on N ranks per node (torchrun, with sampan's defaults)",
+        description="Start NPROC_PER_NODE ranks of SCRIPT on this node through torchrun. One node without "
+                    "--rdzv_endpoint gets a private rendezvous (--standalone). Adds OMP_NUM_THREADS=1 per rank "
+                    "when unset, and makes --max_restarts work on gloo (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1). "
+                    "Everything after SCRIPT goes to the script.",
+        epilog="examples:  sampan launch --nproc_per_node 2 train.py --lr 3e-4\n"
+               "           sampan launch --nproc_per_node 2 --max_restarts 3 train.py   (restart on a failure)\n"
+               "           sampan launch --nproc_per_node 8 --nnodes 2 --rdzv_endpoint node0:29400 train.py"
+               "   (on each node)",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    launch.add_argument("--nproc_per_node", "--nproc-per-node", default="1", metavar="N",
+                        help="ranks on this node: a positive count, or auto / cpu / gpu (default: 1)")
+    launch.add_argument("--nnodes", default="1", metavar="M",
+                        help="number of nodes, or MIN:MAX for an elastic range (default: 1)")
+    launch.add_argument("--node_rank", "--node-rank", type=int, default=None, metavar="R",
+                        help="this node's fixed rank (static rendezvous, no restarts); omit it and the elastic "
+                             "c10d rendezvous numbers the nodes")
+    launch.add_argument("--rdzv_endpoint", "--rdzv-endpoint", default=None, metavar="HOST:PORT",
+                        help="rendezvous address, the same on every node (needed for --nnodes > 1)")
+    launch.add_argument("--rdzv_id", "--rdzv-id", default=None, metavar="ID",
+                        help="job id shared by the nodes of one job (c10d rendezvous)")
+    launch.add_argument("--max_restarts", "--max-restarts", type=int, default=0, metavar="K",
+                        help="restart the whole group up to K times after a worker fails; the script resumes "
+                             "from its checkpoint (default: 0)")
+    launch.add_argument("--standalone", action="store_true",
+                        help="one node, private rendezvous on a free port (the default for one node without "
+                             "--rdzv_endpoint)")
+    launch.add_argument("--log_dir", "--log-dir", default=None, help="directory for torchrun's per-worker logs")
+    launch.add_argument("-m", "--module", action="store_true",
+                        help="SCRIPT is a module name, run as `python -m SCRIPT` (e.g. -m sampan.cli bench comm)")
+    launch.add_argument("script", help="the Python script every rank runs (a module name with -m)")
+    launch.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS",
+                        help="passed through to the script")
+    launch.set_defaults(func=_cmd_launch)
+
+    bench = verbs.add_parser("bench", help="benchmarks of this machine (bench comm: collective bandwidth)",
+                             description="Measure this machine. `sampan bench comm` times collectives.")
+    benches = bench.add_subparsers(dest="bench", metavar="BENCH", required=True)
+    comm = benches.add_parser(
+        "comm", help="bus bandwidth of all_reduce / all_gather / reduce_scatter / send_recv by message size",
+        description="nccl-tests-style collective benchmark: median time per op and message size, algorithm "
+                    "bandwidth (size / time) and bus bandwidth (algbw x 2(n-1)/n for all_reduce, (n-1)/n for "
+                    "all_gather and reduce_scatter, 1 for send_recv). Under a launcher (sampan launch / torchrun) "
+                    "it uses that group; run alone it spawns --nproc local gloo ranks.")
+    comm.add_argument("--sizes", default="1KB,64KB,1MB,16MB",
+                      help="comma-separated message sizes, B / KB / MB / GB (powers of 1024) "
+                           "(default: 1KB,64KB,1MB,16MB)")
+    comm.add_argument("--ops", default="all", help="comma-separated ops, or all: all_reduce, all_gather, "
+                                                   "reduce_scatter, send_recv (default: all)")
+    comm.add_argument("--iters", type=int, default=20, help="timed iterations per op and size (default: 20)")
+    comm.add_argument("--warmup", type=int, default=3, help="untimed iterations first (default: 3)")
+    comm.add_argument("--nproc", type=int, default=2,
+                      help="ranks to spawn when not under a launcher (default: 2)")
+    comm.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto",
+                      help="auto: the launcher's group, or gloo for spawned ranks (default: auto)")
+    comm.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                      help="element type of the buffers (default: float32)")
+    comm.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    comm.set_defaults(func=_cmd_bench)
     return parser
 
 
