@@ -29,7 +29,7 @@ from sampan.models import registry
 try:  # imported as a module (``benchmarks.model_step``) from the repo root
     from benchmarks._common import (
         gemm_peak_gflops,
-    load_average,
+        load_average,
         machine_info,
         set_threads,
         time_interleaved,
@@ -39,7 +39,7 @@ try:  # imported as a module (``benchmarks.model_step``) from the repo root
 except ImportError:  # run as ``python benchmarks/model_step.py``: the script's folder is on sys.path
     from _common import (
         gemm_peak_gflops,
-    load_average,
+        load_average,
         machine_info,
         set_threads,
         time_interleaved,
