@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml Makefile
 
 # Test tools (pytest, ruff, transformers for the HF-checkpoint tests) on top of the runtime.
 $(DEV_STAMP): $(STAMP)
-	$(BIN)/pip install --quiet -e '.[dev]' $(TORCH)
+	$(BIN)/pip install --quiet --no-warn-conflicts -e '.[dev]' $(TORCH)
 	touch $(DEV_STAMP)
 
 test: setup-dev

@@ -330,6 +330,43 @@ def test_gradient_accumulation_equals_the_big_batch(tmp_path):
     torch.testing.assert_close(flat_params(acc_model), flat_params(big_model), atol=1e-6, rtol=0)
 
 
+class UnevenMaskCollator(RecordingCollator):
+    """MLM batches whose samples hold very different numbers of masked (labelled) tokens."""
+
+    def __call__(self, samples):
+        batch = collate_dicts(samples)
+        ids = batch["input_ids"]
+        # Even samples keep one label; odd ones 8, 15 or 22 (by their first token).
+        limit = 1 + 7 * (torch.arange(ids.shape[0]) % 2)[:, None] * (1 + ids[:, :1] % 3)
+        keep = torch.arange(ids.shape[1])[None, :] < limit
+        batch = {"input_ids": ids, "labels": torch.where(keep, ids, torch.full_like(ids, -100))}
+        self.batches.append({k: v.clone() for k, v in batch.items()})
+        return batch
+
+
+def test_accumulation_weights_micro_batches_by_labelled_tokens(tmp_path):
+    def tiny_ernie():
+        torch.manual_seed(0)
+        return create("ernie-tiny", vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=2,
+                      intermediate_size=64, max_position_embeddings=SEQ, dropout=0.0, attention_dropout=0.0)
+
+    def one_step(name, batch, accumulation):
+        collator, model = UnevenMaskCollator(), tiny_ernie()
+        args = make_args(tmp_path / name, max_steps=1, per_device_train_batch_size=batch,
+                         gradient_accumulation_steps=accumulation, max_grad_norm=0.0)
+        Trainer(model, args, random_dataset(), data_collator=collator).train()
+        return model, collator.batches
+
+    acc_model, acc_batches = one_step("acc", 2, 4)
+    big_model, big_batches = one_step("big", 8, 1)
+    counts = [int((b["labels"] != -100).sum()) for b in acc_batches]
+    assert len(set(counts)) > 1  # the micro-batches really are uneven
+    torch.testing.assert_close(flat_params(acc_model), flat_params(big_model), atol=1e-6, rtol=0)
+    # And the logged loss is the token mean of the whole step, not the mean of micro-batch means.
+    acc_loss, big_loss = read_records(tmp_path / "acc" / "run")[0]["loss"], read_records(tmp_path / "big" / "run")[0]["loss"]
+    assert acc_loss == pytest.approx(big_loss, rel=1e-6)
+
+
 def _manual_grad_norm(batch) -> float:
     model = tiny_gpt()
     model(**batch).backward()

@@ -12,6 +12,7 @@ from torch.distributed.tensor import DTensor
 from sampan.distributed.strategy import DistributedStrategy
 from sampan.distributed.tensor_parallel import loss_context
 from sampan.distributed.topology import HybridCommunicateGroup
+from sampan.utils.loss_weights import loss_token_count
 
 
 def split_micro_batches(batch: dict[str, torch.Tensor], count: int) -> list[dict[str, torch.Tensor]]:
@@ -26,16 +27,6 @@ def split_micro_batches(batch: dict[str, torch.Tensor], count: int) -> list[dict
     step = size // count
     return [{k: (v[i * step:(i + 1) * step] if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
             for i in range(count)]
-
-
-def loss_token_count(model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
-    """The number of terms ``model``'s mean loss averages on ``batch`` (samples, for unknown models)."""
-    labels = batch.get("labels")
-    counter = getattr(model, "loss_token_count", None)
-    if isinstance(labels, torch.Tensor) and counter is not None:
-        return counter(labels).to(torch.float64)
-    first = next(v for v in batch.values() if isinstance(v, torch.Tensor))
-    return torch.tensor(float(first.shape[0]), dtype=torch.float64)
 
 
 class DistributedModel(nn.Module):
@@ -115,7 +106,7 @@ class DistributedModel(nn.Module):
         # the parts hold different numbers of labelled tokens (MLM masks, padding). Gradient
         # reduction averages over data ranks, hence the factor data_world_size.
         counts = [loss_token_count(self.model, mb) for mb in micro]
-        global_count = self._sum_over_data_ranks(torch.stack(counts).sum())
+        global_count = self._sum_over_data_ranks(torch.tensor(sum(counts), dtype=torch.float64))
         if not global_count > 0:
             raise ValueError("the global batch has no labelled tokens (all labels are -100): nothing to learn from")
         self.model.train()

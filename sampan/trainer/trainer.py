@@ -44,6 +44,7 @@ from sampan.trainer.recompute import apply_recompute
 from sampan.trainer.schedules import build_schedule
 from sampan.trainer.state import TrainerState
 from sampan.utils.hardware import measure_gemm_flops, process_memory_mb
+from sampan.utils.loss_weights import loss_token_count
 
 
 class EvalPrediction(NamedTuple):
@@ -72,14 +73,6 @@ def _count_tokens(batch: Any) -> int:
         first = next(iter(batch.values()))
         return len(first)
     return len(batch[0] if isinstance(batch, (list, tuple)) else batch)
-
-
-def _loss_weight(batch: Any) -> int:
-    """How many terms a batch's mean loss averages: labelled positions, else samples."""
-    if isinstance(batch, dict) and isinstance(batch.get("labels"), torch.Tensor):
-        labels = batch["labels"]
-        return int((labels != -100).sum()) if labels.dtype != torch.float32 else labels.shape[0]
-    return _count_tokens(batch)
 
 
 class Trainer:
@@ -303,18 +296,24 @@ class Trainer:
     def _train_step(self, batches: Iterator[Any]) -> tuple[float, int, float, float | None]:
         args, model, optimizer = self.args, self.model, self.optimizer
         accumulation = args.gradient_accumulation_steps
+        micro = [_to_device(next(batches), self.device) for _ in range(accumulation)]
+        # Each micro-batch's mean loss is weighted by its share of the step's loss terms, so the
+        # step equals one big batch even when micro-batches hold different numbers of labelled
+        # tokens (MLM masks, padding).
+        counts = [loss_token_count(model, batch) for batch in micro]
+        total_count = sum(counts)
+        weights = [c / total_count for c in counts] if total_count > 0 else [1.0 / accumulation] * accumulation
         losses, tokens, flops = [], 0, 0.0
-        for _ in range(accumulation):
-            batch = _to_device(next(batches), self.device)
+        for batch, weight in zip(micro, weights, strict=True):
             n = _count_tokens(batch)
             tokens += n
             if self._flops_per_token is not None and isinstance(batch, dict) and "input_ids" in batch:
                 flops += self._flops_per_token(batch["input_ids"].shape[-1]) * n
             with self.autocast():
                 loss = self.compute_loss(model, batch)
-            losses.append(loss.detach().float())
-            self.scaler.scale(loss / accumulation).backward()
-        loss_value = float(torch.stack(losses).mean())
+            losses.append(loss.detach().float() * weight)
+            self.scaler.scale(loss * weight).backward()
+        loss_value = float(torch.stack(losses).sum())
         self.state.global_step += 1
         self._last_lr = optimizer.get_lr()  # the rate this step uses, logged (the schedule moves on below)
         grad_norm = None
@@ -397,7 +396,7 @@ class Trainer:
                         labels.append(batch["labels"])
                 # Weight each batch by what its mean loss averages over, so a short last batch counts
                 # for what it is.
-                n = _loss_weight(batch)
+                n = loss_token_count(self.model, batch)
                 total += float(loss) * n
                 count += n
         finally:
