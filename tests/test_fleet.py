@@ -105,3 +105,29 @@ def test_mistakes_fail_on_every_rank_with_a_clear_error(nproc, args, message, tm
     for rank in range(nproc):
         assert any(line.startswith(f"[rank{rank}]") and message in line for line in run.stderr.splitlines()), (
             f"rank {rank} did not report {message!r}:\n{run.stderr[-3000:]}")
+
+
+@pytest.mark.timeout(600)
+def test_checkpoint_saved_at_dp2_mp2_resumes_at_other_layouts(reference, tmp_path):
+    """Save after 3 steps at dp2 x mp2, resume elsewhere: steps 4 and 5 equal the one-process run."""
+    ckpt = tmp_path / "dcp"
+    saved = _torchrun(4, tmp_path / "first.json", "--dp", "2", "--mp", "2", "--save-after", "3", "--ckpt", str(ckpt))
+    assert saved.returncode == 0, saved.stderr[-3000:]
+    _assert_close_prefix(_losses(tmp_path / "first.json"), reference["gpt"][:3])
+    assert not list(tmp_path.glob(".tmp-*"))  # the temporary directory was renamed into place
+    resume = ["--resume-from", str(ckpt), "--resume-step", "3"]
+    for nproc, layout in ((2, ["--mp", "2"]), (2, ["--sharding", "2", "--stage", "3"]), (4, ["--dp", "4"])):
+        out = tmp_path / f"resumed-{nproc}-{'-'.join(layout)}.json"
+        run = _torchrun(nproc, out, *layout, *resume)
+        assert run.returncode == 0, run.stderr[-3000:]
+        _assert_close_prefix(_losses(out), reference["gpt"][3:])
+    one = tmp_path / "one-process.json"
+    subprocess.run([sys.executable, str(SCRIPT), str(one), *resume], check=True, env=ENV, timeout=100,
+                   capture_output=True)
+    _assert_close_prefix(_losses(one), reference["gpt"][3:])
+
+
+def _assert_close_prefix(got: list[float], want: list[float]) -> None:
+    assert len(got) == len(want)
+    for step, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert abs(g - w) <= 1e-5 * abs(w), f"step {step}: {g} vs one process {w}"

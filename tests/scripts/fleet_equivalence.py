@@ -56,6 +56,10 @@ def main() -> None:
     parser.add_argument("--schedule", default="1F1B")
     parser.add_argument("--vpp", type=int, default=1)
     parser.add_argument("--fleet", action="store_true", help="use fleet even in a single process")
+    parser.add_argument("--save-after", type=int, default=0, help="save a DCP checkpoint here after N steps, stop")
+    parser.add_argument("--resume-from", default="", help="load this DCP checkpoint, then run the remaining steps")
+    parser.add_argument("--resume-step", type=int, default=0, help="the step the checkpoint was saved after")
+    parser.add_argument("--ckpt", default="", help="checkpoint directory for --save-after")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -64,11 +68,22 @@ def main() -> None:
                                        grad_clip=sampan.nn.ClipGradByGlobalNorm(1.0))
     losses = []
     use_fleet = args.fleet or "RANK" in os.environ
+    from sampan.distributed.checkpoint import load_distributed, save_distributed
+
+    steps = list(batches(args.family))
+    first = 0
+    if args.save_after:
+        steps = steps[: args.save_after]
     if not use_fleet:
-        for batch in batches(args.family):
+        if args.resume_from:
+            load_distributed(args.resume_from, model, optimizer)
+            first = args.resume_step
+        for batch in steps[first:]:
             loss = model(**batch)
             optimizer.minimize(loss)
             losses.append(loss.item())
+        if args.save_after:
+            save_distributed(args.ckpt, model, optimizer)
     else:
         from sampan.distributed import fleet
 
@@ -81,8 +96,13 @@ def main() -> None:
         fleet.init(is_collective=True, strategy=strategy)
         dmodel = fleet.distributed_model(model)
         optimizer = fleet.distributed_optimizer(optimizer)
-        for batch in batches(args.family):
+        if args.resume_from:
+            load_distributed(args.resume_from, dmodel, optimizer)
+            first = args.resume_step
+        for batch in steps[first:]:
             losses.append(dmodel.train_batch(fleet.shard_batch(batch), optimizer).item())
+        if args.save_after:
+            save_distributed(args.ckpt, dmodel, optimizer)
         gathered = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, losses)
         if any(g != losses for g in gathered):
