@@ -30,17 +30,20 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+def _state(model: nn.Module, optimizer) -> tuple[nn.Module, object, dict]:
+    """``(module, torch optimizer or None, {"model": ..., "optimizer": ...})`` keyed by the model's names."""
+    module = _unwrap(model)
+    torch_opt = optimizer.torch_optimizer if optimizer is not None else None
+    model_sd, optim_sd = get_state_dict(module, torch_opt if torch_opt is not None else [])
+    state = {"model": model_sd, "optimizer": optim_sd} if torch_opt is not None else {"model": model_sd}
+    return module, torch_opt, state
+
+
 def save_distributed(path: str | os.PathLike, model: nn.Module, optimizer=None) -> Path:
     """Write model (and optimizer) state of every rank to the directory ``path``."""
     target = Path(path)
     tmp = target.with_name(f".tmp-{target.name}")
-    module = _unwrap(model)
-    torch_opt = optimizer.torch_optimizer if optimizer is not None else None
-    if torch_opt is not None:
-        model_sd, optim_sd = get_state_dict(module, torch_opt)
-        state = {"model": model_sd, "optimizer": optim_sd}
-    else:
-        state = {"model": get_state_dict(module, [])[0]}
+    _, _, state = _state(model, optimizer)
     rank0 = not _distributed() or dist.get_rank() == 0
     if rank0:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -62,13 +65,7 @@ def load_distributed(path: str | os.PathLike, model: nn.Module, optimizer=None) 
     """Load ``path`` into ``model`` (and ``optimizer``) at whatever layout they have now."""
     if not Path(path).is_dir():
         raise FileNotFoundError(f"{path} is not a distributed checkpoint directory")
-    module = _unwrap(model)
-    torch_opt = optimizer.torch_optimizer if optimizer is not None else None
-    if torch_opt is not None:
-        model_sd, optim_sd = get_state_dict(module, torch_opt)
-        state = {"model": model_sd, "optimizer": optim_sd}
-    else:
-        state = {"model": get_state_dict(module, [])[0]}
+    module, torch_opt, state = _state(model, optimizer)
     dcp.load(state, checkpoint_id=str(path))
     if torch_opt is not None:
         set_state_dict(module, torch_opt, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
