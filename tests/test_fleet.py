@@ -56,6 +56,8 @@ CASES = {
     "dp2-accumulate2": (2, ["--dp", "2", "--accumulate", "2"]),
     "dp2xmp2": (4, ["--dp", "2", "--mp", "2"]),
     "dp2xsharding2-stage3": (4, ["--dp", "2", "--sharding", "2", "--stage", "3"]),
+    "mp2-sequence-parallel": (2, ["--mp", "2", "--sp"]),
+    "dp2xmp2-sequence-parallel": (4, ["--dp", "2", "--mp", "2", "--sp"]),
     "pp2-1F1B": (2, ["--pp", "2", "--accumulate", "2", "--schedule", "1F1B"]),
     "pp2-GPipe": (2, ["--pp", "2", "--accumulate", "4", "--schedule", "GPipe"]),
     "pp2-interleaved": (2, ["--pp", "2", "--accumulate", "2", "--schedule", "Interleaved1F1B", "--vpp", "2"]),

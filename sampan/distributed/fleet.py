@@ -19,11 +19,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor.parallel import parallelize_module
 
 from sampan.distributed import env
 from sampan.distributed.clip import HybridClipGradByGlobalNorm
 from sampan.distributed.model import DistributedModel
 from sampan.distributed.pipeline import PipelineRunner, TiedWeightSync, build_stage_modules
+from sampan.distributed.sequence_parallel import sequence_parallel_plan
 from sampan.distributed.sharding import apply_sharding
 from sampan.distributed.strategy import DistributedStrategy
 from sampan.distributed.tensor_parallel import apply_tensor_parallel, uses_loss_parallel
@@ -49,8 +51,8 @@ class Fleet:
         env.init_process_group()
         self.strategy = strategy if strategy is not None else DistributedStrategy()
         degrees = self.strategy.resolve_degrees(dist.get_world_size())
-        if self.strategy.tensor_parallel_configs.sequence_parallel and degrees["mp"] > 1:
-            raise ValueError("sequence_parallel is not implemented in sampan yet; set it to False")
+        if self.strategy.tensor_parallel_configs.sequence_parallel and degrees["mp"] > 1 and degrees["pp"] > 1:
+            raise ValueError("sequence_parallel with pp_degree > 1 is not implemented yet; use it with mp and dp")
         self.hcg = HybridCommunicateGroup(degrees, env.default_device_type())
         return self
 
@@ -89,7 +91,13 @@ class Fleet:
             if plan is None:
                 raise ValueError(f"mp_degree {degrees['mp']} needs a tensor-parallel plan for {type(model).__name__}: "
                                  "pass tp_plan={'module.name.pattern': 'colwise' | 'rowwise' | 'vocab'}")
-            apply_tensor_parallel(model, hcg.mesh["mp"], plan)
+            if strategy.tensor_parallel_configs.sequence_parallel:
+                if tp_plan is not None:
+                    raise ValueError("sequence_parallel works with sampan's own GPT / ERNIE plans, not a custom tp_plan")
+                parallelize_module(model, hcg.mesh["mp"], sequence_parallel_plan(model))
+                model.tie_weights()
+            else:
+                apply_tensor_parallel(model, hcg.mesh["mp"], plan)
             loss_parallel = uses_loss_parallel(model, plan)
         apply_recompute(model, strategy.recompute)
         if hcg.data_world_size > 1:

@@ -55,6 +55,7 @@ def main() -> None:
     parser.add_argument("--accumulate", type=int, default=1)
     parser.add_argument("--schedule", default="1F1B")
     parser.add_argument("--vpp", type=int, default=1)
+    parser.add_argument("--sp", action="store_true", help="sequence parallel (with --mp)")
     parser.add_argument("--fleet", action="store_true", help="use fleet even in a single process")
     parser.add_argument("--save-after", type=int, default=0, help="save a DCP checkpoint here after N steps, stop")
     parser.add_argument("--resume-from", default="", help="load this DCP checkpoint, then run the remaining steps")
@@ -93,6 +94,7 @@ def main() -> None:
         strategy.sharding_configs = {"stage": args.stage}
         strategy.pipeline_configs = {"accumulate_steps": args.accumulate, "schedule_mode": args.schedule,
                                      "virtual_pp_degree": args.vpp}
+        strategy.tensor_parallel_configs = {"sequence_parallel": args.sp}
         fleet.init(is_collective=True, strategy=strategy)
         dmodel = fleet.distributed_model(model)
         optimizer = fleet.distributed_optimizer(optimizer)
