@@ -24,28 +24,18 @@ import torch.nn.functional as F
 from torch import nn
 
 import sampan.optimizer
-from sampan.models import registry
 
-try:  # imported as a module (``benchmarks.model_step``) from the repo root
-    from benchmarks._common import (
-        gemm_peak_gflops,
-        load_average,
-        machine_info,
-        set_threads,
-        time_interleaved,
-        timestamp,
-        write_json_atomic,
-    )
-except ImportError:  # run as ``python benchmarks/model_step.py``: the script's folder is on sys.path
-    from _common import (
-        gemm_peak_gflops,
-        load_average,
-        machine_info,
-        set_threads,
-        time_interleaved,
-        timestamp,
-        write_json_atomic,
-    )
+# Benchmarks run as scripts (python benchmarks/NAME.py): their folder is on sys.path.
+from _common import (
+    gemm_peak_gflops,
+    load_average,
+    machine_info,
+    set_threads,
+    time_interleaved,
+    timestamp,
+    write_json_atomic,
+)
+from sampan.models import registry
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "model_step.json"
 DEFAULTS = dict(hidden=256, layers=4, heads=4, vocab=8192, seq_len=256, batch=8, steps=1, repeats=10,

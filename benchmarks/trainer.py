@@ -77,28 +77,18 @@ import numpy as np
 import torch
 import torch.utils.data
 
+# Benchmarks run as scripts (python benchmarks/NAME.py): their folder is on sys.path.
+from _common import (
+    load_average,
+    machine_info,
+    set_threads,
+    time_interleaved,
+    timestamp,
+    write_json_atomic,
+)
 from sampan.io import TokenWindowDataset, default_collate
 from sampan.models import registry
 from sampan.trainer import Trainer, TrainerCallback, TrainingArguments, apply_recompute
-
-try:  # imported as a module (``benchmarks.trainer``) from the repo root
-    from benchmarks._common import (
-        load_average,
-        machine_info,
-        set_threads,
-        time_interleaved,
-        timestamp,
-        write_json_atomic,
-    )
-except ImportError:  # run as ``python benchmarks/trainer.py``: the script's folder is on sys.path
-    from _common import (
-        load_average,
-        machine_info,
-        set_threads,
-        time_interleaved,
-        timestamp,
-        write_json_atomic,
-    )
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "trainer.json"
 DEFAULTS = dict(hidden=256, layers=4, heads=4, vocab=8192, seq_len=256, batch=4, block_steps=1, blocks=60,
