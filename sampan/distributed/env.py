@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from datetime import timedelta
 
 import torch
@@ -43,3 +44,17 @@ def rank() -> int:
 
 def world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", 1))
+
+
+def shutdown(exit_code: int = 0) -> None:
+    """End a distributed script: destroy the process group, flush, and leave at once.
+
+    gloo groups sometimes abort in interpreter teardown after all work is done ("terminate
+    called without an active exception", seen with 8 ranks); leaving with ``os._exit`` right after
+    ``destroy_process_group`` avoids it. Call it as the last line of a training script.
+    """
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)

@@ -36,6 +36,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 import sampan
 from sampan.distributed import fleet
+from sampan.distributed.env import shutdown
 from sampan.models import create
 
 
@@ -106,12 +107,7 @@ def main() -> None:
         save_file({k: v.clone() for k, v in full.items()}, str(args.out / "final.safetensors"))
         write_json(args.out / "result.json", {"attempt": attempt, "resumed_from": start, "losses": losses,
                                               "world_size": dist.get_world_size()})
-    dist.destroy_process_group()
-    # gloo groups sometimes abort in interpreter teardown after all work is done
-    # ("terminate called without an active exception"); leaving at once avoids it.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    shutdown()
 
 
 if __name__ == "__main__":

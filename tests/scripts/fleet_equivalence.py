@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
 import torch
 import torch.distributed as dist
@@ -113,12 +112,9 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump({"losses": losses}, f)
     if dist.is_initialized():
-        dist.destroy_process_group()
-        # gloo groups sometimes abort in interpreter teardown after all work is done
-        # ("terminate called without an active exception"); leaving at once avoids it.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        from sampan.distributed.env import shutdown
+
+        shutdown()
 
 
 if __name__ == "__main__":
