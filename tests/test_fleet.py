@@ -110,23 +110,39 @@ def test_mistakes_fail_on_every_rank_with_a_clear_error(nproc, args, message, tm
 
 
 @pytest.mark.timeout(600)
-def test_checkpoint_saved_at_dp2_mp2_resumes_at_other_layouts(reference, tmp_path):
-    """Save after 3 steps at dp2 x mp2, resume elsewhere: steps 4 and 5 equal the one-process run."""
+def test_checkpoint_saved_at_dp2_mp2_pp2_resumes_at_other_layouts(reference, tmp_path):
+    """Save after 3 steps at dp2 x mp2 x pp2 on 8 ranks, resume elsewhere: steps 4 and 5 equal the
+    one-process run (the step itself comes back from the JSON saved beside the shards)."""
     ckpt = tmp_path / "dcp"
-    saved = _torchrun(4, tmp_path / "first.json", "--dp", "2", "--mp", "2", "--save-after", "3", "--ckpt", str(ckpt))
+    saved = _torchrun(8, tmp_path / "first.json", "--dp", "2", "--mp", "2", "--pp", "2", "--accumulate", "2",
+                      "--save-after", "3", "--ckpt", str(ckpt), timeout=400)
     assert saved.returncode == 0, saved.stderr[-3000:]
     _assert_close_prefix(_losses(tmp_path / "first.json"), reference["gpt"][:3])
     assert not list(tmp_path.glob(".tmp-*"))  # the temporary directory was renamed into place
-    resume = ["--resume-from", str(ckpt), "--resume-step", "3"]
-    for nproc, layout in ((2, ["--mp", "2"]), (2, ["--sharding", "2", "--stage", "3"]), (4, ["--dp", "4"])):
+    layouts = ((2, ["--mp", "2"]), (4, ["--dp", "4"]), (4, ["--mp", "4"]),
+               (4, ["--pp", "2", "--sharding", "2", "--stage", "3", "--accumulate", "2"]))
+    for nproc, layout in layouts:
         out = tmp_path / f"resumed-{nproc}-{'-'.join(layout)}.json"
-        run = _torchrun(nproc, out, *layout, *resume)
+        run = _torchrun(nproc, out, *layout, "--resume-from", str(ckpt))
         assert run.returncode == 0, run.stderr[-3000:]
         _assert_close_prefix(_losses(out), reference["gpt"][3:])
     one = tmp_path / "one-process.json"
-    subprocess.run([sys.executable, str(SCRIPT), str(one), *resume], check=True, env=ENV, timeout=100,
-                   capture_output=True)
+    subprocess.run([sys.executable, str(SCRIPT), str(one), "--resume-from", str(ckpt)], check=True, env=ENV,
+                   timeout=100, capture_output=True)
     _assert_close_prefix(_losses(one), reference["gpt"][3:])
+
+
+@pytest.mark.timeout(300)
+def test_ernie_pipeline_checkpoint_resumes_in_one_process(reference, tmp_path):
+    """ERNIE's head is tied through ``lm_head.decoder``: a pp2 checkpoint must still load unsplit."""
+    ckpt = tmp_path / "dcp"
+    saved = _torchrun(2, tmp_path / "first.json", "--family", "ernie", "--pp", "2", "--accumulate", "2",
+                      "--save-after", "3", "--ckpt", str(ckpt))
+    assert saved.returncode == 0, saved.stderr[-3000:]
+    one = tmp_path / "one-process.json"
+    subprocess.run([sys.executable, str(SCRIPT), str(one), "--family", "ernie", "--resume-from", str(ckpt)],
+                   check=True, env=ENV, timeout=100, capture_output=True)
+    _assert_close_prefix(_losses(one), reference["ernie"][3:])
 
 
 def _assert_close_prefix(got: list[float], want: list[float]) -> None:

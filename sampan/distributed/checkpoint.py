@@ -1,73 +1,130 @@
 """Distributed checkpoints through torch DCP, keyed by the model's own parameter names.
 
-Every rank writes its shards; the names are those of the unsplit model (tensor parallel and FSDP2
-keep them), so a checkpoint saved at one layout loads at another (dp2 x mp2 -> mp2, -> sharding2,
--> one process): DCP reshards on load. Writes go to a temporary sibling directory that rank 0
-renames into place after every rank has finished, so a crash never leaves a half-written
-checkpoint where a loader would look.
+Every rank writes its shards; the names are those of the unsplit model, so a checkpoint saved at
+one layout loads at another (dp2 x mp2 x pp2 -> mp2, -> sharding2, -> one process): DCP reshards
+on load. Tensor parallel and FSDP2 keep the model's names; pipeline stages do not (a stage holds
+``layers.0..k`` of its own), so their keys are translated back through ``StageNames``. Optimizer
+state is saved flattened per parameter (``state.<name>.exp_avg``, ``param_groups.<name>.lr``), so
+each rank's share is complete on its own whatever parameters it holds.
+
+Writes go to a temporary sibling directory that rank 0 renames into place after every rank has
+finished, so a crash never leaves a half-written checkpoint where a loader would look. A small
+JSON file beside the shards (``extra``) carries what is not a tensor: step, LR schedule, data
+position.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-
-def _unwrap(model: nn.Module) -> nn.Module:
-    if getattr(model, "_pipeline", None) is not None:
-        raise ValueError("distributed checkpoints of pipeline-parallel models are not implemented yet "
-                         "(stage parameter names differ from the model's); save with pp_degree=1 for now")
-    return getattr(model, "model", model)
+EXTRA_FILE = "sampan_state.json"
+_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+# Implementation choices of the loading optimizer, not training state: a checkpoint written by a
+# fused single-process Adam must not switch a DTensor optimizer to the fused kernel.
+_KERNEL_FLAGS = ("fused", "foreach", "capturable", "differentiable")
 
 
 def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def _state(model: nn.Module, optimizer) -> tuple[nn.Module, object, dict]:
-    """``(module, torch optimizer or None, {"model": ..., "optimizer": ...})`` keyed by the model's names."""
-    module = _unwrap(model)
-    torch_opt = optimizer.torch_optimizer if optimizer is not None else None
-    model_sd, optim_sd = get_state_dict(module, torch_opt if torch_opt is not None else [])
-    state = {"model": model_sd, "optimizer": optim_sd} if torch_opt is not None else {"model": model_sd}
-    return module, torch_opt, state
+def _barrier() -> None:
+    if _distributed():
+        dist.barrier()
 
 
-def save_distributed(path: str | os.PathLike, model: nn.Module, optimizer=None) -> Path:
-    """Write model (and optimizer) state of every rank to the directory ``path``."""
+class _Target:
+    """The module whose state is saved, its optimizer, and the key translation to model names."""
+
+    def __init__(self, model: nn.Module, optimizer):
+        self.names = getattr(model, "stage_names", None)
+        if getattr(model, "_pipeline", None) is not None:
+            self.module = model.stages
+        else:
+            self.module = getattr(model, "model", model)
+        self.optimizer = optimizer.torch_optimizer if optimizer is not None else None
+        self._back: dict[str, dict[str, str]] = {}
+
+    def state(self) -> dict[str, Any]:
+        """``{"model": ..., "optimizer": ...}`` keyed by the model's names; remembers the way back."""
+        model_sd, optim_sd = get_state_dict(self.module, self.optimizer or [], options=_OPTIONS)
+        parts = {"model": (model_sd, self._model_key)}
+        if self.optimizer is not None:
+            parts["optimizer"] = (optim_sd, self._optim_key)
+        state = {}
+        for part, (sd, key) in parts.items():
+            self._back[part] = {key(k): k for k in sd}
+            state[part] = {key(k): v for k, v in sd.items()}
+        return state
+
+    def load(self, state: dict[str, Any]) -> None:
+        """Apply a loaded ``state()`` (DCP filled it in place and replaced its non-tensor values)."""
+        local = {part: {self._back[part][k]: v for k, v in sd.items()} for part, sd in state.items()}
+        groups = self.optimizer.param_groups if self.optimizer is not None else []
+        flags = [{k: g[k] for k in _KERNEL_FLAGS if k in g} for g in groups]
+        set_state_dict(self.module, self.optimizer or [], model_state_dict=local["model"],
+                       optim_state_dict=local.get("optimizer", {}), options=_OPTIONS)
+        for group, kept in zip(groups, flags, strict=True):
+            group.update(kept)
+
+    def _model_key(self, key: str) -> str:
+        return self.names.model_key(key) if self.names is not None else key
+
+    def _optim_key(self, key: str) -> str:
+        if self.names is None:
+            return key
+        section, rest = key.split(".", 1)  # "state" | "param_groups", then "<param>.<field>"
+        param, field = rest.rsplit(".", 1)
+        return f"{section}.{self.names.param_key(param)}.{field}"
+
+
+def save_distributed(path: str | os.PathLike, model: nn.Module, optimizer=None,
+                     extra: dict[str, Any] | None = None) -> Path:
+    """Write model (and optimizer) state of every rank to the directory ``path``.
+
+    ``extra`` (JSON-serialisable: step, scheduler, data position) is written by rank 0 beside the
+    shards and returned by ``load_distributed``. Every rank must call this.
+    """
     target = Path(path)
     tmp = target.with_name(f".tmp-{target.name}")
-    _, _, state = _state(model, optimizer)
+    state = _Target(model, optimizer).state()
     rank0 = not _distributed() or dist.get_rank() == 0
     if rank0:
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.parent.mkdir(parents=True, exist_ok=True)
-    if _distributed():
-        dist.barrier()
+        tmp.mkdir(parents=True)
+        if extra is not None:
+            (tmp / EXTRA_FILE).write_text(json.dumps(extra, indent=1, sort_keys=True))
+    _barrier()
     dcp.save(state, checkpoint_id=str(tmp))
-    if _distributed():
-        dist.barrier()
+    _barrier()
     if rank0:
         shutil.rmtree(target, ignore_errors=True)
         tmp.rename(target)
-    if _distributed():
-        dist.barrier()
+    _barrier()
     return target
 
 
-def load_distributed(path: str | os.PathLike, model: nn.Module, optimizer=None) -> None:
-    """Load ``path`` into ``model`` (and ``optimizer``) at whatever layout they have now."""
-    if not Path(path).is_dir():
-        raise FileNotFoundError(f"{path} is not a distributed checkpoint directory")
-    module, torch_opt, state = _state(model, optimizer)
+def load_distributed(path: str | os.PathLike, model: nn.Module, optimizer=None) -> dict[str, Any]:
+    """Load ``path`` into ``model`` (and ``optimizer``) at whatever layout they have now.
+
+    Returns the ``extra`` dict saved with it ({} when there was none).
+    """
+    path = Path(path)
+    if not (path / ".metadata").is_file():
+        raise FileNotFoundError(f"{path} is not a distributed checkpoint directory (no .metadata file); "
+                                "pass a directory written by save_distributed")
+    target = _Target(model, optimizer)
+    state = target.state()
     dcp.load(state, checkpoint_id=str(path))
-    if torch_opt is not None:
-        set_state_dict(module, torch_opt, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-    else:
-        set_state_dict(module, [], model_state_dict=state["model"], optim_state_dict={})
+    target.load(state)
+    extra_file = path / EXTRA_FILE
+    return json.loads(extra_file.read_text()) if extra_file.is_file() else {}

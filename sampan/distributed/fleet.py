@@ -24,7 +24,7 @@ from torch.distributed.tensor.parallel import parallelize_module
 from sampan.distributed import env
 from sampan.distributed.clip import HybridClipGradByGlobalNorm
 from sampan.distributed.model import DistributedModel
-from sampan.distributed.pipeline import PipelineRunner, TiedWeightSync, build_stage_modules
+from sampan.distributed.pipeline import PipelineRunner, StageNames, TiedWeightSync, build_stage_modules
 from sampan.distributed.sequence_parallel import sequence_parallel_plan
 from sampan.distributed.sharding import apply_sharding
 from sampan.distributed.strategy import DistributedStrategy
@@ -118,6 +118,7 @@ class Fleet:
         pipe = strategy.pipeline_configs
         virtual = pipe.virtual_pp_degree
         stages = build_stage_modules(parts, hcg.get_stage_id(), degrees["pp"], virtual)
+        names = StageNames.of(model, [m for _, m in stages])
         old = {id(p): (k, name) for k, (_, m) in enumerate(stages) for name, p in m.named_parameters()}
         plan = tp_plan if tp_plan is not None else tensor_parallel_plan(model)
         for _, module in stages:
@@ -142,7 +143,8 @@ class Fleet:
         runner = PipelineRunner(stages, num_stages, hcg.get_pipe_parallel_group(), pipe.schedule_mode,
                                 pipe.accumulate_steps, parts.loss, device)
         sync = TiedWeightSync(hcg.mesh, tied_params) if tied else None
-        return DistributedModel(model, hcg, strategy, loss_parallel=False, pipeline=runner, tied_sync=sync)
+        return DistributedModel(model, hcg, strategy, loss_parallel=False, pipeline=runner, tied_sync=sync,
+                                stage_names=names)
 
     def distributed_optimizer(self, optimizer, strategy: DistributedStrategy | None = None):
         """Point ``optimizer`` at the distributed parameters and make its clipping global across ranks."""
@@ -152,7 +154,11 @@ class Fleet:
         if self._param_map is None:
             raise RuntimeError("call fleet.distributed_model(model) before fleet.distributed_optimizer(optimizer)")
         param_map = self._param_map
-        optimizer.rebind_parameters(lambda p: param_map.get(id(p), p))
+        if hcg.degrees["pp"] > 1:
+            # Other stages' parameters are not this rank's to update (or to hold state for).
+            optimizer.rebind_parameters(lambda p: param_map.get(id(p)))
+        else:
+            optimizer.rebind_parameters(lambda p: param_map.get(id(p), p))
         if isinstance(optimizer.grad_clip, ClipGradByGlobalNorm):
             pp_group = hcg.get_pipe_parallel_group() if hcg.degrees["pp"] > 1 else None
             optimizer.grad_clip = HybridClipGradByGlobalNorm(optimizer.grad_clip.clip_norm, pp_group)

@@ -37,7 +37,7 @@ class DistributedModel(nn.Module):
     """
 
     def __init__(self, model: nn.Module, hcg: HybridCommunicateGroup, strategy: DistributedStrategy,
-                 loss_parallel: bool, pipeline=None, tied_sync=None):
+                 loss_parallel: bool, pipeline=None, tied_sync=None, stage_names=None):
         super().__init__()
         self.hcg = hcg
         self.strategy = strategy
@@ -50,6 +50,8 @@ class DistributedModel(nn.Module):
             # Only this rank's stages are registered; the rest of the model is not held here.
             self.stages = nn.ModuleList(pipeline.modules)
             self._loss_counter = getattr(model, "loss_token_count", None)
+            # Checkpoints translate the stages' names back to the model's (see StageNames).
+            self.stage_names = stage_names
 
     def forward(self, *args, **kwargs):
         if self._pipeline is not None:

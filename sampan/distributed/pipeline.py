@@ -154,3 +154,41 @@ class TiedWeightSync:
                     p.grad = grad
                 grad = grad.to_local()
             dist.all_reduce(grad, group=self.group)
+
+
+class StageNames:
+    """Translates a rank's stage state-dict keys (``"0.layers.1.mlp.fc1.weight"`` in the
+    ``ModuleList`` of its stages) back to the unsplit model's (``"gpt.layers.5.mlp.fc1.weight"``).
+
+    Checkpoints are keyed by the model's names so they load at any layout. Two maps, because a
+    weight tied between the embedding and the head lives on two pipeline ranks: model-state keys
+    follow the module's *position* (``lm_head.weight`` on the last stage, as in the model's own
+    state dict, which lists both names), while optimizer-state keys follow the *parameter*'s
+    canonical name (the first, as ``get_state_dict`` uses for one process).
+    """
+
+    def __init__(self, modules: dict[str, str], canonical: dict[str, str]):
+        self.modules = modules      # stage module path ("0.layers.1") -> model module path
+        self.canonical = canonical  # stage parameter key -> the model's canonical parameter name
+
+    @classmethod
+    def of(cls, model: nn.Module, stages: list[nn.Module]) -> StageNames:
+        module_names = {id(m): name for name, m in model.named_modules(remove_duplicate=False)}
+        first_name = {}
+        for name, p in model.named_parameters(remove_duplicate=False):
+            first_name.setdefault(id(p), name)
+        modules, canonical = {}, {}
+        for k, stage in enumerate(stages):
+            for path, sub in stage.named_modules():
+                if id(sub) in module_names:  # skips the stage's own containers (its ``layers`` list)
+                    modules[f"{k}.{path}"] = module_names[id(sub)]
+            for name, p in stage.named_parameters(remove_duplicate=False):
+                canonical[f"{k}.{name}"] = first_name[id(p)]
+        return cls(modules, canonical)
+
+    def model_key(self, key: str) -> str:
+        path, leaf = key.rsplit(".", 1)
+        return f"{self.modules[path]}.{leaf}"
+
+    def param_key(self, key: str) -> str:
+        return self.canonical[key]

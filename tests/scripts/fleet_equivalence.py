@@ -58,7 +58,6 @@ def main() -> None:
     parser.add_argument("--fleet", action="store_true", help="use fleet even in a single process")
     parser.add_argument("--save-after", type=int, default=0, help="save a DCP checkpoint here after N steps, stop")
     parser.add_argument("--resume-from", default="", help="load this DCP checkpoint, then run the remaining steps")
-    parser.add_argument("--resume-step", type=int, default=0, help="the step the checkpoint was saved after")
     parser.add_argument("--ckpt", default="", help="checkpoint directory for --save-after")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -76,14 +75,13 @@ def main() -> None:
         steps = steps[: args.save_after]
     if not use_fleet:
         if args.resume_from:
-            load_distributed(args.resume_from, model, optimizer)
-            first = args.resume_step
+            first = load_distributed(args.resume_from, model, optimizer)["step"]
         for batch in steps[first:]:
             loss = model(**batch)
             optimizer.minimize(loss)
             losses.append(loss.item())
         if args.save_after:
-            save_distributed(args.ckpt, model, optimizer)
+            save_distributed(args.ckpt, model, optimizer, extra={"step": args.save_after})
     else:
         from sampan.distributed import fleet
 
@@ -98,12 +96,11 @@ def main() -> None:
         dmodel = fleet.distributed_model(model)
         optimizer = fleet.distributed_optimizer(optimizer)
         if args.resume_from:
-            load_distributed(args.resume_from, dmodel, optimizer)
-            first = args.resume_step
+            first = load_distributed(args.resume_from, dmodel, optimizer)["step"]
         for batch in steps[first:]:
             losses.append(dmodel.train_batch(fleet.shard_batch(batch), optimizer).item())
         if args.save_after:
-            save_distributed(args.ckpt, dmodel, optimizer)
+            save_distributed(args.ckpt, dmodel, optimizer, extra={"step": args.save_after})
         gathered = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, losses)
         if any(g != losses for g in gathered):
