@@ -35,10 +35,10 @@ from sampan.tensor import (
 __version__ = "0.1.0"
 
 # Subpackages load on first use so `import sampan` stays as cheap as `import torch`.
-_LAZY_SUBMODULES = ("amp", "checkpoint", "io", "models", "nn", "optimizer", "text", "trainer")
+_LAZY_SUBMODULES = ("amp", "checkpoint", "io", "jit", "models", "nn", "optimizer", "static", "text", "trainer")
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from sampan import amp, checkpoint, io, models, nn, optimizer, text, trainer
+    from sampan import amp, checkpoint, io, jit, models, nn, optimizer, static, text, trainer
 
 
 def __getattr__(name: str):
@@ -52,6 +52,8 @@ __all__ = [
     "amp",
     "checkpoint",
     "io",
+    "jit",
+    "static",
     "trainer",
     "arange",
     "concat",

@@ -1,0 +1,75 @@
+"""``if`` / ``elif`` / ``else`` and ``a if c else b`` -> ``_jst.IfElse`` / ``_jst.IfExp``.
+
+Each branch becomes a function of the names either branch assigns, returning their new values::
+
+    if pred:                        def _jst_true_4(y, t):
+        t = x * 2                       t = x * 2
+        y = t + 1          ->           y = t + 1
+    else:                               return (y, t)
+        y = -x                      def _jst_false_4(y, t):
+                                        y = -x
+                                        return (y, t)
+                                    (y, t) = _jst.IfElse(pred, _jst_true_4, _jst_false_4, (y, t),
+                                                         ('y', 't'), ('y',), where)
+
+The runtime runs one branch for a Python predicate and makes a ``torch.cond`` for a tensor one.
+The names assigned in *both* branches are listed too: under a tensor predicate such a name is an
+output even if it had no value before the ``if``, while a name assigned in only one branch and
+undefined before stays local to that branch (using it after the ``if`` is a clear error).
+Inner ``if``s convert first, so ``elif`` chains and nesting need nothing special.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from sampan.jit.passes.base import (
+    PassContext,
+    assigned_names,
+    contains,
+    names_tuple,
+    out_of_place,
+    strings_tuple,
+    template,
+)
+
+
+class _IfElse(ast.NodeTransformer):
+    def __init__(self, ctx: PassContext):
+        self.ctx = ctx
+
+    def visit_If(self, node: ast.If):
+        self.generic_visit(node)
+        if contains(node.body + node.orelse, (ast.Return,)):
+            raise self.ctx.error(node, "a 'return' inside this 'if' could not be moved out of it",
+                                 "Assign the result to a variable and return it after the 'if'.")
+        in_body, in_else = assigned_names(node.body), assigned_names(node.orelse)
+        names = sorted(in_body | in_else)
+        self.ctx.carried.update(names)
+        true_fn, false_fn = self.ctx.fresh("true"), self.ctx.fresh("false")
+        params = ", ".join(names)
+        ret = f"return ({params}{',' if len(names) == 1 else ''})"
+        stmts = template(
+            f"def {true_fn}({params}):\n    BODY\n    {ret}\n"
+            f"def {false_fn}({params}):\n    ORELSE\n    {ret}\n",
+            node, BODY=out_of_place(node.body), ORELSE=out_of_place(node.orelse) or [ast.Pass()],
+        )
+        call = template(f"_jst.IfElse(TEST, {true_fn}, {false_fn}, ARGS, NAMES, BOTH, WHERE)", node,
+                        TEST=node.test, ARGS=names_tuple(names), NAMES=strings_tuple(names),
+                        BOTH=strings_tuple(sorted(in_body & in_else)),
+                        WHERE=ast.Constant(value=self.ctx.where(node)))[0]
+        if names:
+            call = ast.copy_location(ast.Assign(targets=[names_tuple(names, ast.Store)], value=call.value), node)
+        return [*stmts, call]
+
+    def visit_IfExp(self, node: ast.IfExp):
+        self.generic_visit(node)
+        return template("_jst.IfExp(TEST, lambda: BODY, lambda: ORELSE, WHERE)", node, TEST=node.test,
+                        BODY=node.body, ORELSE=node.orelse,
+                        WHERE=ast.Constant(value=self.ctx.where(node)))[0].value
+
+
+def apply(tree: ast.Module, ctx: PassContext) -> ast.Module:
+    tree = _IfElse(ctx).visit(tree)
+    ast.fix_missing_locations(tree)
+    return tree
