@@ -17,6 +17,8 @@ MANIFEST_VERSION = 1
 TENSOR_SUFFIX = ".safetensors"
 SKELETON_SUFFIX = ".json"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+# torch DCP's index of a distributed checkpoint's shards: the one hidden name a manifest may list.
+DCP_METADATA = ".metadata"
 
 
 def component_files(name: str) -> tuple[str, str]:
@@ -66,7 +68,7 @@ def _manifest_problems(manifest: Any) -> list[str]:
     if not isinstance(files, dict):
         return [*problems, f"{MANIFEST_NAME} has no 'files' table"]
     for name, record in files.items():
-        if not is_safe_name(name):
+        if not (is_safe_name(name) or name == DCP_METADATA):
             problems.append(f"{MANIFEST_NAME} lists an unsafe file name {name!r}")
         elif not (
             isinstance(record, dict)

@@ -113,7 +113,7 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if save_total_limit is not None:
-        _rotate(out, save_total_limit, keep=final)
+        rotate_checkpoints(out, save_total_limit, keep=final)
     return final
 
 
@@ -218,7 +218,8 @@ def _sweep_stale(out: Path) -> None:
                 fsync_dir(out)
 
 
-def _rotate(out: Path, limit: int, keep: Path) -> None:
+def rotate_checkpoints(out: Path, limit: int, keep: Path) -> None:
+    """Delete the oldest ``checkpoint-*`` dirs in ``out`` beyond ``limit``, never ``keep``."""
     checkpoints = list_checkpoints(out)
     excess = len(checkpoints) - limit
     oldest_first = [path for _, path in checkpoints if path != keep]

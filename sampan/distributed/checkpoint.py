@@ -18,13 +18,19 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from safetensors.torch import save_file
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+from sampan.checkpoint.files import fsync_dir, json_bytes, sync_and_hash, write_synced
+from sampan.checkpoint.manifest import MANIFEST_NAME, build_manifest, component_files
+from sampan.checkpoint.state_codec import flatten_state
 
 EXTRA_FILE = "sampan_state.json"
 _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
@@ -88,29 +94,57 @@ class _Target:
 
 
 def save_distributed(path: str | os.PathLike, model: nn.Module, optimizer=None,
-                     extra: dict[str, Any] | None = None) -> Path:
-    """Write model (and optimizer) state of every rank to the directory ``path``.
+                     extra: dict[str, Any] | None = None, components: Mapping[str, Any] | None = None,
+                     step: int | None = None) -> Path:
+    """Write model (and optimizer) state of every rank to the directory ``path``. Every rank calls it.
 
-    ``extra`` (JSON-serialisable: step, scheduler, data position) is written by rank 0 beside the
-    shards and returned by ``load_distributed``. Every rank must call this.
+    Args:
+        extra: JSON-serialisable (step, data position, ...): written by rank 0 beside the shards
+            and returned by ``load_distributed``. The optimizer's learning rate / LR-schedule state
+            is saved there too, and restored.
+        components: name -> state written by rank 0 in sampan's checkpoint format
+            (``{name}.safetensors`` + ``{name}.json``, see ``flatten_state``); read them back with
+            ``sampan.checkpoint.load_checkpoint(path, components=[name])``.
+        step: also write a sampan manifest (sha256 of every file, written last), so the directory
+            is a checkpoint that ``verify_checkpoint`` / ``resolve_resume`` accept like any other.
     """
     target = Path(path)
     tmp = target.with_name(f".tmp-{target.name}")
     state = _Target(model, optimizer).state()
+    # The learning rate (schedule position) is plain JSON, not a tensor: it goes beside the shards.
+    lr_state = optimizer.lr_state_dict() if optimizer is not None else None
     rank0 = not _distributed() or dist.get_rank() == 0
     if rank0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        if extra is not None:
-            (tmp / EXTRA_FILE).write_text(json.dumps(extra, indent=1, sort_keys=True))
     _barrier()
     dcp.save(state, checkpoint_id=str(tmp))
     _barrier()
     if rank0:
+        try:
+            _write_rank0_files(tmp, {"extra": extra or {}, "lr": lr_state}, components, step)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         shutil.rmtree(target, ignore_errors=True)
         tmp.rename(target)
+        fsync_dir(target.parent)
     _barrier()
     return target
+
+
+def _write_rank0_files(tmp: Path, extra, components, step) -> None:
+    write_synced(tmp / EXTRA_FILE, json.dumps(extra, indent=1, sort_keys=True).encode())
+    for name, value in (components or {}).items():
+        tensor_file, skeleton_file = component_files(name)
+        tensors, skeleton = flatten_state(value, root=name)
+        save_file(tensors, tmp / tensor_file, metadata={"format": "pt"})
+        write_synced(tmp / skeleton_file, json_bytes(skeleton))
+    if step is not None:
+        # The manifest goes last: a directory holding one finished its save.
+        files = {f.name: sync_and_hash(f) for f in sorted(tmp.iterdir()) if f.is_file()}
+        write_synced(tmp / MANIFEST_NAME, json_bytes(build_manifest(step, list(components or {}), files)))
+    fsync_dir(tmp)
 
 
 def load_distributed(path: str | os.PathLike, model: nn.Module, optimizer=None) -> dict[str, Any]:
@@ -126,5 +160,7 @@ def load_distributed(path: str | os.PathLike, model: nn.Module, optimizer=None) 
     state = target.state()
     dcp.load(state, checkpoint_id=str(path))
     target.load(state)
-    extra_file = path / EXTRA_FILE
-    return json.loads(extra_file.read_text()) if extra_file.is_file() else {}
+    saved = json.loads((path / EXTRA_FILE).read_text())
+    if optimizer is not None and saved["lr"] is not None:
+        optimizer.set_lr_state_dict(saved["lr"])
+    return saved["extra"]

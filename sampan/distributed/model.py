@@ -44,12 +44,14 @@ class DistributedModel(nn.Module):
         self._loss_parallel = loss_parallel
         self._pipeline = pipeline
         self._tied_sync = tied_sync
+        # The model's own token counter (a staticmethod, so no reference to the unsplit model is
+        # kept): ``sampan.utils.loss_token_count(wrapped, batch)`` counts as for the model.
+        self.loss_token_count = getattr(model, "loss_token_count", None)
         if pipeline is None:
             self.model = model
         else:
             # Only this rank's stages are registered; the rest of the model is not held here.
             self.stages = nn.ModuleList(pipeline.modules)
-            self._loss_counter = getattr(model, "loss_token_count", None)
             # Checkpoints translate the stages' names back to the model's (see StageNames).
             self.stage_names = stage_names
 
@@ -63,7 +65,7 @@ class DistributedModel(nn.Module):
         if unknown:
             raise ValueError(f"pipeline-parallel batches hold input_ids and labels only; got also {unknown}")
         labels = batch["labels"]
-        local = self._loss_counter(labels) if self._loss_counter is not None else labels.numel()
+        local = self.loss_token_count(labels) if self.loss_token_count is not None else labels.numel()
         global_count = self._sum_over_data_ranks(torch.as_tensor(local, dtype=torch.float64))
         if not global_count > 0:
             raise ValueError("the global batch has no labelled tokens (all labels are -100): nothing to learn from")
@@ -77,30 +79,17 @@ class DistributedModel(nn.Module):
             dist.all_reduce(loss, group=self.hcg.get_pipe_parallel_group())
         return self._sum_over_data_ranks(loss).to(torch.float32)
 
-    def _global_mean(self, local: torch.Tensor) -> torch.Tensor:
-        """Average over the ranks that saw different data (dp x sharding)."""
-        if isinstance(local, DTensor):  # a loss from vocabulary-parallel logits is a replicated DTensor
-            local = local.full_tensor()
-        value = local.detach().to(torch.float32).reshape(()).clone()
-        for axis in ("dp", "sharding"):
-            if self.hcg.degrees[axis] > 1:
-                dist.all_reduce(value, group=self.hcg.mesh.get_group(axis))
-        return value / self.hcg.data_world_size
-
-    def train_batch(self, batch: dict[str, Any], optimizer, lr_scheduler=None) -> torch.Tensor:
-        """Forward and backward over ``accumulate_steps`` micro-batches, clip, step, clear gradients.
+    def forward_backward(self, batch: dict[str, Any]) -> torch.Tensor:
+        """Forward and backward over ``accumulate_steps`` micro-batches, leaving complete gradients.
 
         ``batch`` is this rank's share of the global batch (``fleet.shard_batch`` cuts it); mp ranks
-        of one data shard pass the same batch. Returns the global mean loss on every rank.
+        of one data shard pass the same batch. Returns the global mean loss on every rank, so every
+        rank takes the same decision on it (e.g. skipping a non-finite step).
         """
         if self._pipeline is not None:
             loss = self._pipeline_step(batch, train=True)
             if self._tied_sync is not None:
                 self._tied_sync.sync()
-            optimizer.step()
-            optimizer.clear_grad(set_to_zero=False)
-            if lr_scheduler is not None:
-                lr_scheduler.step()
             return loss
         micro = split_micro_batches(batch, self.strategy.pipeline_configs.accumulate_steps)
         # Each part's mean loss is weighted by how many tokens it averages, against the token count
@@ -120,11 +109,17 @@ class DistributedModel(nn.Module):
                 (loss * (weight * self.hcg.data_world_size)).backward()
                 loss = loss.detach()
                 total = total + (loss.full_tensor() if isinstance(loss, DTensor) else loss).to(torch.float64) * weight
+        return self._sum_over_data_ranks(total).to(torch.float32)
+
+    def train_batch(self, batch: dict[str, Any], optimizer, lr_scheduler=None) -> torch.Tensor:
+        """One whole optimizer step: ``forward_backward``, then clip (the optimizer's ``grad_clip``),
+        step and clear gradients. Returns the global mean loss on every rank."""
+        loss = self.forward_backward(batch)
         optimizer.step()
         optimizer.clear_grad(set_to_zero=False)
         if lr_scheduler is not None:
             lr_scheduler.step()
-        return self._sum_over_data_ranks(total).to(torch.float32)
+        return loss
 
     def _sum_over_data_ranks(self, value: torch.Tensor) -> torch.Tensor:
         value = value.detach().reshape(()).clone()
@@ -135,7 +130,10 @@ class DistributedModel(nn.Module):
 
     @torch.no_grad()
     def eval_batch(self, batch: dict[str, Any]) -> torch.Tensor:
-        """The global mean loss of ``batch`` (this rank's share), without updating anything."""
+        """The global mean loss of ``batch`` (this rank's share), without updating anything.
+
+        Weighted by each rank's labelled-token count, so it equals one process on the global batch.
+        """
         if self._pipeline is not None:
             return self._pipeline_step(batch, train=False)
         was_training = self.model.training
@@ -145,4 +143,8 @@ class DistributedModel(nn.Module):
                 loss = self.model(**batch)
         finally:
             self.model.train(was_training)
-        return self._global_mean(loss)
+        if isinstance(loss, DTensor):  # a loss from vocabulary-parallel logits is a replicated DTensor
+            loss = loss.full_tensor()
+        count = torch.as_tensor(loss_token_count(self.model, batch), dtype=torch.float64)
+        weighted = self._sum_over_data_ranks(loss.detach().to(torch.float64) * count)
+        return (weighted / self._sum_over_data_ranks(count)).to(torch.float32)

@@ -287,29 +287,41 @@ class Optimizer:
     def state_dict(self) -> dict[str, Any]:
         """The torch optimizer's state under 'optimizer', plus 'lr_scheduler' (the scheduler's state)
         or 'learning_rate' (the float LR)."""
-        state: dict[str, Any] = {"optimizer": self._require_inner().state_dict()}
-        if isinstance(self._learning_rate, LRScheduler):
-            state["lr_scheduler"] = self._learning_rate.state_dict()
-        else:
-            state["learning_rate"] = self._learning_rate
-        return state
+        return {"optimizer": self._require_inner().state_dict(), **self.lr_state_dict()}
 
     def set_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore a ``state_dict()`` from an optimizer built the same way (same parameters and groups)."""
         inner = self._require_inner()
+        if "optimizer" not in state_dict:
+            raise ValueError(f"state_dict keys {sorted(state_dict)} lack 'optimizer'; pass what state_dict() returned")
+        self._check_lr_keys(set(state_dict) - {"optimizer"}, "state_dict", {"optimizer"})
+        inner.load_state_dict(state_dict["optimizer"])
+        self.set_lr_state_dict({k: v for k, v in state_dict.items() if k != "optimizer"})
+
+    def lr_state_dict(self) -> dict[str, Any]:
+        """The learning-rate part of ``state_dict()`` (plain JSON): ``{'lr_scheduler': ...}`` or
+        ``{'learning_rate': float}``. Distributed checkpoints save it beside the DCP shards."""
+        if isinstance(self._learning_rate, LRScheduler):
+            return {"lr_scheduler": self._learning_rate.state_dict()}
+        return {"learning_rate": self._learning_rate}
+
+    def set_lr_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``lr_state_dict()``."""
+        self._check_lr_keys(set(state), "lr state")
+        if isinstance(self._learning_rate, LRScheduler):
+            self._learning_rate.set_state_dict(state["lr_scheduler"])
+        else:
+            self._learning_rate = check_non_negative("learning_rate", state["learning_rate"])
+        self._sync_lr()
+
+    def _check_lr_keys(self, keys: set[str], what: str, also: frozenset[str] | set[str] = frozenset()) -> None:
         has_scheduler = isinstance(self._learning_rate, LRScheduler)
-        expected = {"optimizer", "lr_scheduler" if has_scheduler else "learning_rate"}
-        if set(state_dict) != expected:
+        expected = {"lr_scheduler" if has_scheduler else "learning_rate"}
+        if keys != expected:
             kind = "an LRScheduler" if has_scheduler else "a float"
             raise ValueError(
-                f"state_dict keys {sorted(state_dict)} do not match this optimizer, whose learning_rate is "
-                f"{kind}: expected {sorted(expected)}"
+                f"{what} keys {sorted(keys | also)} do not match this optimizer, whose learning_rate is "
+                f"{kind}: expected {sorted(expected | also)}"
             )
-        inner.load_state_dict(state_dict["optimizer"])
-        if isinstance(self._learning_rate, LRScheduler):
-            self._learning_rate.set_state_dict(state_dict["lr_scheduler"])
-        else:
-            self._learning_rate = check_non_negative("learning_rate", state_dict["learning_rate"])
-        self._sync_lr()
 
     load_state_dict = set_state_dict

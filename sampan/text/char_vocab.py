@@ -63,7 +63,7 @@ class CharVocab:
     def save(self, path: str | os.PathLike) -> None:
         """Write the vocabulary as JSON (atomically: temp file, then rename)."""
         path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # ranks of one job may save at once
         tmp.write_text(json.dumps({"type": "char", "tokens": self.itos}, ensure_ascii=False), encoding="utf-8")
         os.replace(tmp, path)
 

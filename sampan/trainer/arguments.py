@@ -58,6 +58,11 @@ class TrainingArguments:
             (so two runs never mix, and "auto" never resumes someone else's run).
         tensorboard: write TensorBoard event files under ``output_dir/tensorboard``.
         progress_bar: show a live progress bar on a terminal (plain log lines otherwise).
+        strategy: train on a hybrid-parallel layout (run under ``sampan launch``): a Paddle-style
+            ``DistributedStrategy`` dict, e.g. ``{"hybrid_configs": {"dp_degree": 2, "mp_degree": 2}}``
+            (also ``sharding_configs``, ``pipeline_configs``, ``tensor_parallel_configs``,
+            ``recompute``, ``amp``). Batch sizes stay per data-parallel rank; checkpoints become DCP
+            shards that resume at any layout. None trains in this process alone.
     """
 
     output_dir: str = "outputs/run"
@@ -92,6 +97,7 @@ class TrainingArguments:
     overwrite_output_dir: bool = False
     tensorboard: bool = True
     progress_bar: bool = True
+    strategy: dict | None = None
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -125,10 +131,16 @@ class TrainingArguments:
         need(self.save_total_limit is None or self.save_total_limit > 0, "save_total_limit",
              "must be > 0 or None (keep all)")
         need(self.peak_flops is None or self.peak_flops >= 0, "peak_flops", "must be >= 0 or None (measure)")
+        if self.strategy is not None:
+            from sampan.distributed.strategy import DistributedStrategy  # plain data: starts nothing
+
+            # Validate now (unknown keys, bad degrees), before any process group exists; keep the dict.
+            self.strategy = DistributedStrategy.from_dict(self.strategy).to_dict()
 
     def _check_types(self) -> None:
         """Each field must hold its annotated type (ints may stand for floats; bools never for numbers)."""
-        kinds = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "None": (type(None),)}
+        kinds = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "None": (type(None),),
+                 "dict": (dict,)}
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
             allowed = tuple(t for part in str(field.type).split("|") for t in kinds[part.strip()])

@@ -11,6 +11,9 @@
     output_dir = "outputs/gpt-tiny"
     max_steps = 300
 
+    [strategy.hybrid_configs]  # optional: hybrid-parallel training under `sampan launch`
+    dp_degree = 2
+
 ``sampan train --config run.toml`` runs it. Unknown tables or keys are errors that name them.
 """
 
@@ -72,9 +75,10 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> RunConfig:
-        unknown = sorted(set(raw) - {"model", "data", "training"})
+        unknown = sorted(set(raw) - {"model", "data", "training", "strategy"})
         if unknown:
-            raise ValueError(f"unknown table(s) {unknown} in the run config; allowed: ['data', 'model', 'training']")
+            raise ValueError(f"unknown table(s) {unknown} in the run config; "
+                             "allowed: ['data', 'model', 'strategy', 'training']")
         model = dict(raw.get("model") or {})
         if "name" not in model:
             raise ValueError("[model] needs name = one of `sampan models`")
@@ -83,17 +87,28 @@ class RunConfig:
         bad = sorted(set(data_raw) - data_fields)
         if bad:
             raise ValueError(f"unknown [data] key(s) {bad}; allowed: {sorted(data_fields)}")
-        return cls(model, DataConfig(**data_raw), TrainingArguments.from_dict(raw.get("training") or {}))
+        training = dict(raw.get("training") or {})
+        if "strategy" in raw:  # a [strategy] table (as `sampan plan --write-strategy` writes) is training.strategy
+            if "strategy" in training:
+                raise ValueError("the run config has both [strategy] and training.strategy; keep one")
+            training["strategy"] = raw["strategy"]
+        return cls(model, DataConfig(**data_raw), TrainingArguments.from_dict(training))
 
     @classmethod
     def from_file(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
         """Read a TOML / YAML run file; ``overrides`` maps ``"table.key"`` to a value."""
         raw = load_config_file(path)
         for dotted, value in (overrides or {}).items():
-            table, _, key = dotted.partition(".")
-            if not key:
-                raise ValueError(f"override {dotted!r} must look like table.key (e.g. training.max_steps)")
-            raw.setdefault(table, {})[key] = value
+            *tables, key = dotted.split(".")
+            if not tables or not all(tables) or not key:
+                raise ValueError(f"override {dotted!r} must look like table.key (e.g. training.max_steps, "
+                                 "strategy.hybrid_configs.dp_degree)")
+            node = raw
+            for table in tables:
+                node = node.setdefault(table, {})
+                if not isinstance(node, dict):
+                    raise ValueError(f"override {dotted!r}: {table} is a value, not a table")
+            node[key] = value
         return cls.from_dict(raw)
 
 

@@ -31,6 +31,7 @@ from sampan.checkpoint import (
     restore_rng_state,
     save_checkpoint,
 )
+from sampan.checkpoint.store import rotate_checkpoints
 from sampan.io import DataLoader
 from sampan.optimizer import AdamW
 from sampan.trainer.arguments import TrainingArguments
@@ -109,20 +110,34 @@ class Trainer:
         self.data_collator = data_collator
         self.compute_metrics = compute_metrics
         self.output_dir = Path(args.output_dir)
+        # With a strategy the run is one rank of a hybrid-parallel job (see fleet_backend.py).
+        self.fleet = None
+        if args.strategy is not None:
+            from sampan.trainer.fleet_backend import FleetBackend  # torch.distributed costs seconds to import
+
+            self.fleet = FleetBackend(args)
+        if self.fleet is not None and compute_metrics is not None:
+            raise ValueError("compute_metrics is not supported with a strategy yet (eval reports the loss only)")
+        self.is_main = self.fleet is None or self.fleet.is_main
+        data_world = self.fleet.data_world_size if self.fleet is not None else 1
         self.jsonl = MetricsJsonlCallback(self.output_dir)
-        builtin: list[TrainerCallback] = [ProgressCallback(), self.jsonl]
-        if args.tensorboard:
-            builtin.append(TensorBoardCallback(self.output_dir))
+        builtin: list[TrainerCallback] = []
+        if self.is_main:  # one rank reports for the job
+            builtin = [ProgressCallback(), self.jsonl]
+            if args.tensorboard:
+                builtin.append(TensorBoardCallback(self.output_dir))
         self.callbacks = builtin + list(callbacks or [])
         self.device = next((p.device for p in model.parameters()), torch.device("cpu"))
         self.state = TrainerState()
-        if len(train_dataset) < args.per_device_train_batch_size:
+        if len(train_dataset) < args.per_device_train_batch_size * data_world:
             raise ValueError(f"train_dataset has {len(train_dataset)} samples, fewer than one batch of "
-                             f"{args.per_device_train_batch_size}; lower per_device_train_batch_size")
+                             f"{args.per_device_train_batch_size} x {data_world} data-parallel ranks; lower "
+                             "per_device_train_batch_size")
         self.train_loader = DataLoader(
             train_dataset, batch_size=args.per_device_train_batch_size, shuffle=True, drop_last=True,
             collate_fn=data_collator, num_workers=args.dataloader_num_workers,
-            prefetch_factor=args.prefetch_factor, seed=args.seed,
+            prefetch_factor=args.prefetch_factor, seed=args.seed, num_replicas=data_world,
+            rank=self.fleet.data_rank if self.fleet is not None else 0,
         )
         self.max_steps = args.max_steps if args.max_steps > 0 else max(1, math.ceil(
             args.num_train_epochs * len(self.train_loader) / args.gradient_accumulation_steps))
@@ -139,8 +154,12 @@ class Trainer:
             parameters=[{"params": decay}, {"params": no_decay, "weight_decay": 0.0}] if no_decay else decay,
         )
         self.scaler = GradScaler(self.device.type, enable=args.amp == "fp16")
-        apply_recompute(model, args.recompute)
         self._flops_per_token = getattr(getattr(model, "config", None), "flops_per_token", None)
+        if self.fleet is not None:
+            # fleet applies recompute itself, inside each stage, before sharding.
+            self.model, self.optimizer = self.fleet.wrap(model, self.optimizer)
+        else:
+            apply_recompute(model, args.recompute)
         self._peak_flops: float | None = None
         self._last_lr = self.optimizer.get_lr()
 
@@ -172,6 +191,15 @@ class Trainer:
             "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else {},
             "args": self.args.to_dict(),
         }
+        if self.fleet is not None:
+            del trainer_state["rng"]  # the fleet backend gathers every rank's
+            path = self.fleet.save(self.output_dir, self.state.global_step, trainer_state)
+            if self.is_main and self.args.save_total_limit is not None:
+                rotate_checkpoints(self.output_dir, self.args.save_total_limit, keep=path)
+            self.fleet.barrier()
+            for cb in self.callbacks:
+                cb.on_save(self.args, self.state, path)
+            return path
         path = save_checkpoint(
             self.output_dir, self.state.global_step,
             {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
@@ -186,17 +214,25 @@ class Trainer:
         path = resolve_resume(self.output_dir, self.args.resume_from_checkpoint)
         if path is None:
             return None
-        parts = load_checkpoint(path)
-        self.model.load_state_dict(parts["model"], strict=True)
-        self.optimizer.set_state_dict(parts["optimizer"])
-        saved = parts["trainer_state"]
+        if self.fleet is not None:
+            saved = self.fleet.load(path)
+        elif (path / ".metadata").is_file():  # DCP shards: a checkpoint of a run with a strategy
+            from sampan.trainer.fleet_backend import load_into_one_process
+
+            saved = load_into_one_process(path, self.model, self.optimizer)
+        else:
+            parts = load_checkpoint(path)
+            self.model.load_state_dict(parts["model"], strict=True)
+            self.optimizer.set_state_dict(parts["optimizer"])
+            saved = parts["trainer_state"]
+            restore_rng_state(saved["rng"])
         self.state = TrainerState.from_dict(saved["state"])
         self.state.max_steps = self.max_steps
         if saved["scaler"] and self.scaler.is_enabled():
             self.scaler.load_state_dict(saved["scaler"])
         self.train_loader.load_state_dict(saved["data"])
-        self.jsonl.truncate_after(self.state.global_step)
-        restore_rng_state(saved["rng"])
+        if self.is_main:
+            self.jsonl.truncate_after(self.state.global_step)
         return path
 
     def _prepare_fresh_output_dir(self) -> None:
@@ -247,14 +283,19 @@ class Trainer:
         self._seed()
         resumed = self._resume()
         if resumed is not None:
-            print(f"resumed from {resumed} at step {self.state.global_step}")
-        else:
+            if self.is_main:
+                print(f"resumed from {resumed} at step {self.state.global_step}")
+        elif self.is_main:
             self._prepare_fresh_output_dir()
+        if self.fleet is not None:
+            self.fleet.barrier()  # no rank starts writing before rank 0 has cleared old runs away
         if self.device.type == "cpu" and args.amp == "bf16":
             self._warn_if_bf16_is_emulated()
         if self._flops_per_token is not None and args.peak_flops != 0:
             dtype = torch.bfloat16 if args.amp == "bf16" else torch.float32
             self._peak_flops = args.peak_flops or measure_gemm_flops(dtype)
+            if self.fleet is not None:
+                self._peak_flops *= self.fleet.world_size  # MFU of the whole job
         for cb in self.callbacks:
             cb.on_train_begin(args, self.state)
         batches = self._batches()
@@ -294,26 +335,22 @@ class Trainer:
         return self.state
 
     def _train_step(self, batches: Iterator[Any]) -> tuple[float, int, float, float | None]:
-        args, model, optimizer = self.args, self.model, self.optimizer
-        accumulation = args.gradient_accumulation_steps
-        micro = [_to_device(next(batches), self.device) for _ in range(accumulation)]
-        # Each micro-batch's mean loss is weighted by its share of the step's loss terms, so the
-        # step equals one big batch even when micro-batches hold different numbers of labelled
-        # tokens (MLM masks, padding).
-        counts = [loss_token_count(model, batch) for batch in micro]
-        total_count = sum(counts)
-        weights = [c / total_count for c in counts] if total_count > 0 else [1.0 / accumulation] * accumulation
-        losses, tokens, flops = [], 0, 0.0
-        for batch, weight in zip(micro, weights, strict=True):
+        args, optimizer = self.args, self.optimizer
+        micro = [_to_device(next(batches), self.device) for _ in range(args.gradient_accumulation_steps)]
+        tokens, flops = 0, 0.0
+        for batch in micro:
             n = _count_tokens(batch)
             tokens += n
             if self._flops_per_token is not None and isinstance(batch, dict) and "input_ids" in batch:
                 flops += self._flops_per_token(batch["input_ids"].shape[-1]) * n
+        if self.fleet is not None:
             with self.autocast():
-                loss = self.compute_loss(model, batch)
-            losses.append(loss.detach().float() * weight)
-            self.scaler.scale(loss * weight).backward()
-        loss_value = float(torch.stack(losses).sum())
+                loss_value = self.fleet.forward_backward(micro)
+            # Every data rank saw as much as this one: report the job's throughput.
+            tokens *= self.fleet.data_world_size
+            flops *= self.fleet.data_world_size
+        else:
+            loss_value = self._forward_backward(micro)
         self.state.global_step += 1
         self._last_lr = optimizer.get_lr()  # the rate this step uses, logged (the schedule moves on below)
         grad_norm = None
@@ -332,9 +369,12 @@ class Trainer:
         self.state.consecutive_nonfinite = 0
         if self.scaler.is_enabled():
             self.scaler.unscale_(optimizer)
-        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm if args.max_grad_norm > 0 else math.inf)
-        grad_norm = float(norm)
+        if self.fleet is not None:
+            grad_norm = self.fleet.clip()
+        else:
+            params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+            norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm if args.max_grad_norm > 0 else math.inf)
+            grad_norm = float(norm)
         if self.scaler.is_enabled():
             scale = self.scaler.get_scale()
             self.scaler.step(optimizer)
@@ -349,6 +389,23 @@ class Trainer:
             self.state.skipped_steps += 1
         optimizer.clear_grad(set_to_zero=False)
         return loss_value, tokens, flops, grad_norm
+
+    def _forward_backward(self, micro: list[Any]) -> float:
+        """Forward and backward over one step's micro-batches in this process; the step's mean loss."""
+        model = self.model
+        # Each micro-batch's mean loss is weighted by its share of the step's loss terms, so the
+        # step equals one big batch even when micro-batches hold different numbers of labelled
+        # tokens (MLM masks, padding).
+        counts = [loss_token_count(model, batch) for batch in micro]
+        total_count = sum(counts)
+        weights = [c / total_count for c in counts] if total_count > 0 else [1.0 / len(micro)] * len(micro)
+        losses = []
+        for batch, weight in zip(micro, weights, strict=True):
+            with self.autocast():
+                loss = self.compute_loss(model, batch)
+            losses.append(loss.detach().float() * weight)
+            self.scaler.scale(loss * weight).backward()
+        return float(torch.stack(losses).sum())
 
     def _log(self, window: dict[str, Any], grad_norm: float | None) -> None:
         seconds = max(window["seconds"], 1e-9)
@@ -381,6 +438,8 @@ class Trainer:
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
         if dataset is None:
             raise ValueError("evaluate() needs an eval_dataset (pass one to Trainer or to evaluate)")
+        if self.fleet is not None:
+            return self._report_eval({"step": self.state.global_step, "eval_loss": self._fleet_eval_loss(dataset)})
         loader = DataLoader(dataset, batch_size=self.args.per_device_eval_batch_size, shuffle=False,
                             collate_fn=self.data_collator)
         was_training = self.model.training
@@ -405,6 +464,32 @@ class Trainer:
         if self.compute_metrics is not None and predictions:
             extra = self.compute_metrics(EvalPrediction(torch.cat(predictions), torch.cat(labels)))
             metrics.update({f"eval_{k}" if not k.startswith("eval_") else k: v for k, v in extra.items()})
+        return self._report_eval(metrics)
+
+    def _report_eval(self, metrics: dict[str, Any]) -> dict[str, Any]:
         for cb in self.callbacks:
             cb.on_evaluate(self.args, self.state, metrics)
         return metrics
+
+    def _fleet_eval_loss(self, dataset) -> float:
+        """Mean eval loss on a hybrid-parallel layout: every rank walks the same global batches
+        (``per_device_eval_batch_size`` x data ranks) and runs its share; a last partial global
+        batch that cannot split evenly over the data ranks is left out (and said so)."""
+        size = self.args.per_device_eval_batch_size * self.fleet.data_world_size
+        if len(dataset) < size:
+            raise ValueError(f"eval_dataset has {len(dataset)} samples, fewer than one global eval batch of {size} "
+                             "(per_device_eval_batch_size x data-parallel ranks); lower per_device_eval_batch_size")
+        if len(dataset) % size and self.is_main and not getattr(self, "_warned_eval_tail", False):
+            self._warned_eval_tail = True
+            warnings.warn(f"evaluation leaves out the last {len(dataset) % size} of {len(dataset)} samples (they do "
+                          f"not fill a global eval batch of {size})", stacklevel=3)
+        loader = DataLoader(dataset, batch_size=size, shuffle=False, drop_last=True, collate_fn=self.data_collator)
+        total, count = 0.0, 0.0
+        for batch in loader:
+            batch = _to_device(batch, self.device)
+            with self.autocast():
+                loss = self.fleet.eval_loss(batch)
+            n = loss_token_count(self.model, batch)
+            total += loss * n
+            count += n
+        return total / max(count, 1.0)

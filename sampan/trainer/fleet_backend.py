@@ -1,0 +1,167 @@
+"""What changes in the ``Trainer`` when ``TrainingArguments.strategy`` is set: it trains on fleet.
+
+The Trainer keeps its loop (schedule, logging, evaluation cadence, non-finite guard, checkpoints);
+this class owns the parts that differ on a hybrid-parallel layout:
+
+* the model and optimizer go through ``fleet.distributed_model`` / ``distributed_optimizer``;
+* each step's micro-batches run in one ``forward_backward`` (pipeline schedule or accumulation),
+  which returns the global mean loss on every rank, so all ranks take the same skip decision;
+* clipping is by the global norm across every axis (``HybridClipGradByGlobalNorm``);
+* checkpoints are DCP shards under the model's own names plus the trainer state, with a manifest,
+  so a run resumes at another layout (dp / mp / pp / sharding degrees) or in one process.
+
+The Trainer's ``gradient_accumulation_steps`` is the strategy's ``accumulate_steps`` (the
+micro-batches per step, which a pipeline needs at least ``pp_degree`` of), and its ``recompute``
+and ``amp`` feed the strategy's; setting both sides differently is an error.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from sampan.checkpoint import capture_rng_state, load_checkpoint, restore_rng_state
+from sampan.checkpoint.discovery import checkpoint_dir_name
+from sampan.distributed.checkpoint import load_distributed, save_distributed
+from sampan.distributed.clip import HybridClipGradByGlobalNorm, global_grad_norm
+from sampan.distributed.fleet import Fleet
+from sampan.distributed.strategy import DistributedStrategy
+
+TRAINER_STATE = "trainer_state"
+
+
+def strategy_for(args) -> DistributedStrategy:
+    """The strategy of ``args.strategy`` with the Trainer's accumulation, recompute and AMP folded in."""
+    strategy = DistributedStrategy.from_dict(args.strategy)
+    pipe = strategy.pipeline_configs
+    if pipe.accumulate_steps not in (1, args.gradient_accumulation_steps):
+        raise ValueError(
+            f"strategy pipeline_configs accumulate_steps={pipe.accumulate_steps} disagrees with "
+            f"gradient_accumulation_steps={args.gradient_accumulation_steps}; set only gradient_accumulation_steps "
+            "(the Trainer passes it to the strategy)")
+    strategy.pipeline_configs = {"accumulate_steps": args.gradient_accumulation_steps}
+    if strategy.recompute != "none" and args.recompute not in ("none", strategy.recompute):
+        raise ValueError(f"strategy recompute={strategy.recompute!r} disagrees with recompute={args.recompute!r}; "
+                         "set one of them")
+    if args.recompute != "none":
+        strategy.recompute = args.recompute
+    amp = args.amp or strategy.amp
+    if args.amp and strategy.amp and args.amp != strategy.amp:
+        raise ValueError(f"strategy amp={strategy.amp!r} disagrees with amp={args.amp!r}; set one of them")
+    if amp == "fp16":
+        raise ValueError("amp='fp16' (dynamic loss scaling) is not supported with a strategy yet; use amp='bf16'")
+    strategy.amp = amp
+    return strategy
+
+
+def is_distributed_checkpoint(path: Path) -> bool:
+    """Whether ``path`` holds DCP shards (written by a run with a strategy)."""
+    return (Path(path) / ".metadata").is_file()
+
+
+def load_into_one_process(path: Path, model: nn.Module, optimizer) -> dict[str, Any]:
+    """Resume a run without a strategy from a checkpoint written with one (DCP reshards it)."""
+    load_distributed(path, model, optimizer)
+    saved = load_checkpoint(path, verify=False, components=[TRAINER_STATE])[TRAINER_STATE]
+    restore_rng_state(saved["rng"][0])
+    return saved
+
+
+class FleetBackend:
+    """The model, optimizer and collectives of a Trainer running on a hybrid-parallel layout."""
+
+    def __init__(self, args):
+        """Join the job's process group and build the topology (the model comes in ``wrap``)."""
+        self.strategy = strategy_for(args)
+        self.fleet = Fleet().init(is_collective=True, strategy=self.strategy)
+        self.hcg = self.fleet.get_hybrid_communicate_group()
+        self._pp_group = self.hcg.get_pipe_parallel_group() if self.hcg.degrees["pp"] > 1 else None
+        self.max_grad_norm = args.max_grad_norm
+        self.model: nn.Module | None = None
+        self.optimizer = None
+
+    def wrap(self, model: nn.Module, optimizer) -> tuple[nn.Module, Any]:
+        """Split ``model`` by the strategy and point ``optimizer`` at the split parameters."""
+        self.model = self.fleet.distributed_model(model)
+        self.optimizer = self.fleet.distributed_optimizer(optimizer)
+        return self.model, self.optimizer
+
+    # -- who this rank is ---------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return dist.get_rank()
+
+    @property
+    def world_size(self) -> int:
+        return dist.get_world_size()
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def data_rank(self) -> int:
+        return self.hcg.data_rank
+
+    @property
+    def data_world_size(self) -> int:
+        return self.hcg.data_world_size
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    # -- one step ------------------------------------------------------------------------------
+    def forward_backward(self, micro: list[dict[str, Any]]) -> float:
+        """Run this rank's micro-batches of one step; the global mean loss, equal on every rank."""
+        if not all(isinstance(b, dict) for b in micro):
+            raise TypeError("with a strategy, batches must be dicts of tensors (input_ids, labels, ...)")
+        batch = {k: torch.cat([b[k] for b in micro]) if isinstance(micro[0][k], torch.Tensor) else micro[0][k]
+                 for k in micro[0]}
+        return float(self.model.forward_backward(batch))
+
+    def clip(self) -> float:
+        """Clip to ``max_grad_norm`` by the norm over every axis (0: only measure); returns the norm."""
+        params = [p for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if self.max_grad_norm > 0:
+            return float(HybridClipGradByGlobalNorm(self.max_grad_norm, self._pp_group)(params))
+        return float(global_grad_norm(params, self._pp_group))
+
+    @torch.no_grad()
+    def eval_loss(self, global_batch: dict[str, Any]) -> float:
+        """The mean loss of a global batch (every rank passes the same one; each runs its share)."""
+        return float(self.model.eval_batch(self.fleet.shard_batch(global_batch)))
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def save(self, output_dir: Path, step: int, trainer_state: dict[str, Any]) -> Path:
+        """Shards of every rank + rank 0's trainer state (with every rank's RNG) + manifest."""
+        rngs: list[Any] = [None] * self.world_size
+        # Trusted: these objects come from this job's own ranks over its process group, not from disk.
+        dist.all_gather_object(rngs, capture_rng_state())
+        state = {**trainer_state, "rng": rngs, "world_size": self.world_size, "degrees": dict(self.hcg.degrees)}
+        return save_distributed(output_dir / checkpoint_dir_name(step), self.model, self.optimizer,
+                                components={TRAINER_STATE: state}, step=step)
+
+    def load(self, path: Path) -> dict[str, Any]:
+        """Load shards at this layout; returns the trainer state. RNG streams are restored per rank
+        when the world size is unchanged (else the run continues correctly, but not bit for bit)."""
+        if not is_distributed_checkpoint(path):
+            raise ValueError(f"{path} is a single-process checkpoint; a run with a strategy resumes from "
+                             "checkpoints written with one (convert by loading it in one process with "
+                             "fleet and saving)")
+        load_distributed(path, self.model, self.optimizer)
+        saved = load_checkpoint(path, verify=False, components=[TRAINER_STATE])[TRAINER_STATE]
+        rngs = saved["rng"]
+        if len(rngs) == self.world_size:
+            restore_rng_state(rngs[self.rank])
+        else:
+            if self.is_main:
+                warnings.warn(f"resuming a {len(rngs)}-rank checkpoint on {self.world_size} ranks: random streams "
+                              "(dropout) start afresh, so the run is not bit-identical to an uninterrupted one",
+                              stacklevel=3)
+            restore_rng_state(rngs[0])
+        return saved

@@ -1,0 +1,57 @@
+"""A tiny GPT trained by the ``Trainer``, with or without a hybrid-parallel strategy.
+
+    python tests/scripts/trainer_fleet.py OUT_DIR --batch 8                                  # one process
+    torchrun --nproc_per_node 4 tests/scripts/trainer_fleet.py OUT_DIR --batch 4 \\
+        --strategy '{"hybrid_configs": {"dp_degree": 2, "mp_degree": 2}}'
+
+``--batch`` is per data-parallel rank: keep ``batch x dp x sharding`` equal across runs and the
+global batches, and so the losses in ``OUT_DIR/metrics.jsonl``, must match the one-process run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+import torch
+
+from sampan.io import TokenWindowDataset
+from sampan.models import create
+from sampan.trainer import Trainer, TrainingArguments
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("output_dir")
+    parser.add_argument("--batch", type=int, default=8, help="per data-parallel rank")
+    parser.add_argument("--strategy", default="", help="a DistributedStrategy dict as JSON")
+    parser.add_argument("--max-steps", type=int, default=6)
+    parser.add_argument("--save-steps", type=int, default=3)
+    parser.add_argument("--resume", default=None, help="a checkpoint directory to resume from")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+
+    tokens = np.random.default_rng(0).integers(0, 64, size=4000)
+    train = TokenWindowDataset(tokens[:3200], seq_len=16)
+    evaluation = TokenWindowDataset(tokens[3200:3969], seq_len=16)  # 48 windows: whole global batches
+    torch.manual_seed(0)
+    model = create("gpt-tiny", vocab_size=64, hidden_size=32, num_layers=4, num_heads=4, max_position_embeddings=16)
+    training = TrainingArguments(
+        output_dir=args.output_dir, max_steps=args.max_steps, per_device_train_batch_size=args.batch,
+        per_device_eval_batch_size=args.batch, gradient_accumulation_steps=2, learning_rate=1e-2,
+        lr_scheduler="cosine", warmup_steps=2, weight_decay=0.1, max_grad_norm=0.5, seed=0, logging_steps=1,
+        save_steps=args.save_steps, eval_steps=args.save_steps, resume_from_checkpoint=args.resume,
+        peak_flops=0, tensorboard=False, progress_bar=False,
+        strategy=json.loads(args.strategy) if args.strategy else None,
+    )
+    trainer = Trainer(model, training, train, eval_dataset=evaluation)
+    trainer.train()
+    if trainer.fleet is not None:
+        from sampan.distributed.env import shutdown
+
+        shutdown()
+
+
+if __name__ == "__main__":
+    main()

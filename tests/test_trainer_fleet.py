@@ -1,0 +1,120 @@
+"""The Trainer on fleet: a strategy in TrainingArguments trains the same run on several ranks.
+
+``tests/scripts/trainer_fleet.py`` trains a tiny GPT for 6 steps (2 micro-batches each, cosine
+schedule with warmup, clipping, evaluation and a checkpoint every 3 steps). Run as one process,
+on dp2 x mp2, and resumed from the dp2 x mp2 checkpoint at pp2 and in one process, it must log the
+same losses, gradient norms and eval losses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sampan.checkpoint import verify_checkpoint
+from sampan.trainer import TrainingArguments
+from sampan.trainer.run_config import RunConfig
+
+SCRIPT = Path(__file__).parent / "scripts" / "trainer_fleet.py"
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def _run(nproc: int, out: Path, *args: str, timeout: int = 300) -> None:
+    if nproc == 1:
+        cmd = [sys.executable, str(SCRIPT), str(out), *args]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               str(SCRIPT), str(out), *args]
+    run = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=timeout)
+    assert run.returncode == 0, run.stderr[-3000:]
+
+
+def _metrics(out: Path) -> dict[int, dict[str, float]]:
+    """step -> {"loss", "grad_norm", "eval_loss"} from metrics.jsonl."""
+    by_step: dict[int, dict[str, float]] = {}
+    for line in (out / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        for key in ("loss", "grad_norm", "eval_loss"):
+            if key in row:
+                by_step.setdefault(row["step"], {})[key] = row[key]
+    return by_step
+
+
+def _assert_same(got: dict, want: dict, steps) -> None:
+    for step in steps:
+        assert set(got[step]) == set(want[step]), step
+        for key, value in want[step].items():
+            assert got[step][key] == pytest.approx(value, rel=1e-5), f"step {step} {key}"
+
+
+@pytest.mark.timeout(600)
+def test_trainer_with_a_strategy_matches_one_process_and_resumes_at_other_layouts(tmp_path):
+    _run(1, tmp_path / "one", "--batch", "8")
+    want = _metrics(tmp_path / "one")
+    assert sorted(want) == [1, 2, 3, 4, 5, 6] and "eval_loss" in want[3] and "eval_loss" in want[6]
+
+    # dp2 x mp2 on 4 ranks, 4 samples per data rank: the same global batches.
+    hybrid = tmp_path / "dp2xmp2"
+    _run(4, hybrid, "--batch", "4", "--strategy", json.dumps({"hybrid_configs": {"dp_degree": 2, "mp_degree": 2}}))
+    _assert_same(_metrics(hybrid), want, range(1, 7))
+    checkpoint = hybrid / "checkpoint-00000003"
+    assert (checkpoint / ".metadata").is_file()
+    assert verify_checkpoint(checkpoint) == []  # DCP shards + trainer state under one manifest
+
+    # Resumed at another layout (two pipeline stages), and in one process: steps 4-6 are unchanged.
+    staged = tmp_path / "pp2"
+    _run(2, staged, "--batch", "8", "--strategy", json.dumps({"hybrid_configs": {"pp_degree": 2}}),
+         "--resume", str(checkpoint))
+    _assert_same(_metrics(staged), want, range(4, 7))
+    single = tmp_path / "one-resumed"
+    _run(1, single, "--batch", "8", "--resume", str(checkpoint))
+    _assert_same(_metrics(single), want, range(4, 7))
+
+
+def test_strategy_is_validated_with_the_arguments():
+    args = TrainingArguments(strategy={"hybrid_configs": {"dp_degree": 2}})
+    assert args.strategy["hybrid_configs"]["dp_degree"] == 2
+    with pytest.raises(ValueError, match="unknown key"):
+        TrainingArguments(strategy={"hybrid_configs": {"dp_degre": 2}})
+    with pytest.raises(ValueError, match="strategy must be dict"):
+        TrainingArguments(strategy="dp2")
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ({"gradient_accumulation_steps": 2, "strategy": {"pipeline_configs": {"accumulate_steps": 4}}},
+     "accumulate_steps=4 disagrees with gradient_accumulation_steps=2"),
+    ({"recompute": "full", "strategy": {"recompute": "selective"}}, "disagrees with recompute='full'"),
+    ({"amp": "fp16", "strategy": {}}, "amp='fp16'"),
+])
+def test_strategy_and_trainer_settings_must_agree(args, message):
+    from sampan.trainer.fleet_backend import strategy_for
+
+    with pytest.raises(ValueError, match=message):
+        strategy_for(TrainingArguments(**args))
+
+
+def test_strategy_takes_the_trainers_accumulation_and_recompute():
+    from sampan.trainer.fleet_backend import strategy_for
+
+    strategy = strategy_for(TrainingArguments(gradient_accumulation_steps=4, recompute="full", amp="bf16",
+                                              strategy={"hybrid_configs": {"pp_degree": 2}}))
+    assert strategy.pipeline_configs.accumulate_steps == 4
+    assert (strategy.recompute, strategy.amp) == ("full", "bf16")
+
+
+def test_run_config_reads_a_strategy_table(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('[model]\nname = "gpt-tiny"\n[training]\nmax_steps = 3\n'
+                    '[strategy.hybrid_configs]\ndp_degree = 2\n[strategy.sharding_configs]\nstage = 2\n')
+    config = RunConfig.from_file(path, overrides={"strategy.hybrid_configs.mp_degree": 2})
+    assert config.training.strategy["hybrid_configs"] == {"dp_degree": 2, "mp_degree": 2, "pp_degree": 1,
+                                                          "sharding_degree": 1}
+    assert config.training.strategy["sharding_configs"] == {"stage": 2}
+    path.write_text('[model]\nname = "gpt-tiny"\n[training]\nstrategy = {}\n[strategy]\nrecompute = "full"\n')
+    with pytest.raises(ValueError, match="both"):
+        RunConfig.from_file(path)
