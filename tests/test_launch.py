@@ -1,6 +1,7 @@
 """``sampan launch`` (torchrun front: defaults, errors, elastic restart) and ``sampan bench comm``.
 
 Multi-process cases use 2 gloo ranks with OMP_NUM_THREADS=1 and carry a timeout, so a hang fails.
+The elastic restart (a SIGKILLed rank of 4) is tested with the Trainer in tests/test_trainer_fleet.py.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from sampan.distributed.comm_bench import OPS, bus_factor, parse_size, parse_siz
 from sampan.distributed.launch import LaunchConfig, elastic_env
 
 ROOT = Path(__file__).resolve().parents[1]
-ELASTIC = ROOT / "tests" / "scripts" / "elastic_train.py"
+ELASTIC = ROOT / "tests" / "scripts" / "trainer_fleet.py"  # elastic restart: tests/test_trainer_fleet.py
 CLI = [sys.executable, "-m", "sampan.cli"]
 
 
@@ -100,40 +101,6 @@ def test_launch_passes_script_args_and_sets_thread_default(tmp_path):
         got = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert got == {"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "OMP_NUM_THREADS": "1",
                        "argv": [str(tmp_path), "--lr", "3e-4", "--nproc_per_node", "7"]}
-
-
-@pytest.mark.timeout(600)
-def test_elastic_restart_resumes_from_checkpoint_and_matches_uninterrupted_run(tmp_path):
-    """A rank SIGKILLs itself mid-run; torchrun restarts the group; the result is bit-identical.
-
-    The issue asks for 4 ranks; 2 are used so the test fits this 2-core machine (the restart path
-    is the same: one rank dies, the agent tears the group down and re-rendezvouses all of them).
-    """
-    import torch
-    from safetensors.torch import load_file
-
-    def launch(out: Path, *extra: str, restarts: int) -> subprocess.CompletedProcess:
-        return subprocess.run([*CLI, "launch", "--nproc_per_node", "2", "--max_restarts", str(restarts),
-                               str(ELASTIC), str(out), "--steps", "12", "--save-every", "3", *extra],
-                              capture_output=True, text=True, env=_env(), timeout=280)
-
-    reference = launch(tmp_path / "ref", restarts=0)
-    assert reference.returncode == 0, reference.stderr[-3000:]
-    killed = launch(tmp_path / "elastic", "--kill-rank", "1", "--kill-step", "8", restarts=1)
-    assert killed.returncode == 0, killed.stderr[-3000:]
-    assert "rank 1: killing myself at step 8" in killed.stderr
-
-    ref = json.loads((tmp_path / "ref" / "result.json").read_text())
-    got = json.loads((tmp_path / "elastic" / "result.json").read_text())
-    assert ref["attempt"] == 0 and ref["resumed_from"] == 0 and len(ref["losses"]) == 12
-    # The second attempt finished, from the checkpoint written after step 6 (the last before the kill).
-    assert got["attempt"] == 1 and got["resumed_from"] == 6 and got["world_size"] == 2
-    assert got["losses"] == ref["losses"][6:]
-    want = load_file(str(tmp_path / "ref" / "final.safetensors"))
-    have = load_file(str(tmp_path / "elastic" / "final.safetensors"))
-    assert sorted(have) == sorted(want) and len(want) > 0
-    for name, tensor in want.items():
-        assert torch.equal(have[name], tensor), name
 
 
 def test_sizes_and_bus_factors():

@@ -3,7 +3,8 @@
 ``tests/scripts/trainer_fleet.py`` trains a tiny GPT for 6 steps (2 micro-batches each, cosine
 schedule with warmup, clipping, evaluation and a checkpoint every 3 steps). Run as one process,
 on dp2 x mp2, and resumed from the dp2 x mp2 checkpoint at pp2 and in one process, it must log the
-same losses, gradient norms and eval losses.
+same losses, gradient norms and eval losses; killed mid-run under ``sampan launch``, it must end
+bit-identical to the uninterrupted run.
 """
 
 from __future__ import annotations
@@ -52,28 +53,77 @@ def _assert_same(got: dict, want: dict, steps) -> None:
             assert got[step][key] == pytest.approx(value, rel=1e-5), f"step {step} {key}"
 
 
-@pytest.mark.timeout(600)
-def test_trainer_with_a_strategy_matches_one_process_and_resumes_at_other_layouts(tmp_path):
-    _run(1, tmp_path / "one", "--batch", "8")
-    want = _metrics(tmp_path / "one")
-    assert sorted(want) == [1, 2, 3, 4, 5, 6] and "eval_loss" in want[3] and "eval_loss" in want[6]
+DP2_MP2 = json.dumps({"hybrid_configs": {"dp_degree": 2, "mp_degree": 2}})
 
-    # dp2 x mp2 on 4 ranks, 4 samples per data rank: the same global batches.
-    hybrid = tmp_path / "dp2xmp2"
-    _run(4, hybrid, "--batch", "4", "--strategy", json.dumps({"hybrid_configs": {"dp_degree": 2, "mp_degree": 2}}))
-    _assert_same(_metrics(hybrid), want, range(1, 7))
-    checkpoint = hybrid / "checkpoint-00000003"
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("runs") / "one"
+    _run(1, out, "--batch", "8")
+    return out
+
+
+@pytest.fixture(scope="module")
+def dp2_mp2(tmp_path_factory) -> Path:
+    """dp2 x mp2 on 4 ranks, 4 samples per data rank: the same global batches as one process."""
+    out = tmp_path_factory.mktemp("runs") / "dp2xmp2"
+    _run(4, out, "--batch", "4", "--strategy", DP2_MP2)
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_trainer_with_a_strategy_matches_one_process(one_process, dp2_mp2):
+    want = _metrics(one_process)
+    assert sorted(want) == [1, 2, 3, 4, 5, 6] and "eval_loss" in want[3] and "eval_loss" in want[6]
+    _assert_same(_metrics(dp2_mp2), want, range(1, 7))
+    checkpoint = dp2_mp2 / "checkpoint-00000003"
     assert (checkpoint / ".metadata").is_file()
     assert verify_checkpoint(checkpoint) == []  # DCP shards + trainer state under one manifest
 
-    # Resumed at another layout (two pipeline stages), and in one process: steps 4-6 are unchanged.
-    staged = tmp_path / "pp2"
+
+@pytest.mark.timeout(300)
+def test_fleet_checkpoint_resumes_at_another_layout_and_in_one_process(one_process, dp2_mp2, tmp_path):
+    want = _metrics(one_process)
+    checkpoint = dp2_mp2 / "checkpoint-00000003"
+    staged = tmp_path / "pp2"  # two pipeline stages, 8 samples on the one data rank
     _run(2, staged, "--batch", "8", "--strategy", json.dumps({"hybrid_configs": {"pp_degree": 2}}),
          "--resume", str(checkpoint))
     _assert_same(_metrics(staged), want, range(4, 7))
     single = tmp_path / "one-resumed"
     _run(1, single, "--batch", "8", "--resume", str(checkpoint))
     _assert_same(_metrics(single), want, range(4, 7))
+
+
+@pytest.mark.timeout(400)
+def test_killed_rank_restarts_the_group_which_resumes_and_ends_bit_identical(dp2_mp2, tmp_path):
+    """``sampan launch --max_restarts 1``: one of 4 ranks SIGKILLs itself after step 5; torchrun
+    restarts the group, ``resume_from_checkpoint="auto"`` picks checkpoint 3, and the run ends with
+    exactly the parameters of the uninterrupted dp2 x mp2 run."""
+    import torch
+
+    from sampan.distributed.checkpoint import load_distributed
+    from sampan.models import create
+
+    out = tmp_path / "killed"
+    run = subprocess.run([sys.executable, "-m", "sampan.cli", "launch", "--nproc_per_node", "4", "--max_restarts", "1",
+                          str(SCRIPT), str(out), "--batch", "4", "--strategy", DP2_MP2, "--resume", "auto",
+                          "--kill-rank", "2", "--kill-step", "5"],
+                         capture_output=True, text=True, env=ENV, timeout=380)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "rank 2: killing myself after step 5" in run.stderr
+    assert f"resumed from {out / 'checkpoint-00000003'} at step 3" in run.stdout
+    assert _metrics(out) == _metrics(dp2_mp2)  # metrics.jsonl was cut back to step 3, then rewritten
+
+    def final_parameters(run_dir: Path) -> dict[str, torch.Tensor]:
+        model = create("gpt-tiny", vocab_size=64, hidden_size=32, num_layers=4, num_heads=4,
+                       max_position_embeddings=16)
+        load_distributed(run_dir / "checkpoint-00000006", model)
+        return model.state_dict()
+
+    want, have = final_parameters(dp2_mp2), final_parameters(out)
+    assert sorted(have) == sorted(want)
+    for name, tensor in want.items():
+        assert torch.equal(have[name], tensor), name
 
 
 def test_strategy_is_validated_with_the_arguments():

@@ -6,19 +6,39 @@
 
 ``--batch`` is per data-parallel rank: keep ``batch x dp x sharding`` equal across runs and the
 global batches, and so the losses in ``OUT_DIR/metrics.jsonl``, must match the one-process run.
+
+``--kill-rank R --kill-step S`` (under ``sampan launch --max_restarts 1``): in the first attempt,
+rank R SIGKILLs itself after step S, as a crashed node would; with ``--resume auto`` the restarted
+group resumes from the newest checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
+import sys
 
 import numpy as np
 import torch
 
 from sampan.io import TokenWindowDataset
 from sampan.models import create
-from sampan.trainer import Trainer, TrainingArguments
+from sampan.trainer import Trainer, TrainerCallback, TrainingArguments
+
+
+class KillAt(TrainerCallback):
+    """SIGKILL this rank after ``step`` in the launcher's first attempt: no cleanup, no flush."""
+
+    def __init__(self, rank: int, step: int):
+        self.rank, self.step = rank, step
+
+    def on_step_end(self, args, state):
+        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        if first_attempt and state.global_step == self.step and int(os.environ.get("RANK", "0")) == self.rank:
+            print(f"rank {self.rank}: killing myself after step {self.step}", file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def main() -> None:
@@ -28,7 +48,9 @@ def main() -> None:
     parser.add_argument("--strategy", default="", help="a DistributedStrategy dict as JSON")
     parser.add_argument("--max-steps", type=int, default=6)
     parser.add_argument("--save-steps", type=int, default=3)
-    parser.add_argument("--resume", default=None, help="a checkpoint directory to resume from")
+    parser.add_argument("--resume", default=None, help="a checkpoint directory to resume from, or 'auto'")
+    parser.add_argument("--kill-rank", type=int, default=-1)
+    parser.add_argument("--kill-step", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -45,7 +67,8 @@ def main() -> None:
         peak_flops=0, tensorboard=False, progress_bar=False,
         strategy=json.loads(args.strategy) if args.strategy else None,
     )
-    trainer = Trainer(model, training, train, eval_dataset=evaluation)
+    callbacks = [KillAt(args.kill_rank, args.kill_step)] if args.kill_rank >= 0 else []
+    trainer = Trainer(model, training, train, eval_dataset=evaluation, callbacks=callbacks)
     trainer.train()
     if trainer.fleet is not None:
         from sampan.distributed.env import shutdown
