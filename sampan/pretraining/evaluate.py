@@ -33,8 +33,8 @@ def gold_entity_spans(flags: np.ndarray) -> list[tuple[int, int]]:
 
 
 @torch.no_grad()
-def _predict(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Argmax token at each labelled position (in row-major order)."""
+def predict_masked(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """An ERNIE MLM model's argmax token at each labelled position of ``batch`` (row-major order)."""
     labels = batch.pop("labels")
     hidden, _ = model.ernie(**batch)
     return model.lm_head(hidden[labels != IGNORE_INDEX]).argmax(-1)
@@ -70,7 +70,7 @@ def entity_cloze_accuracy(model, dataset, batcher: MLMBatcher, max_entities: int
             for k, (_, s, e) in enumerate(chunk):
                 masked[k, s:e] = MASK_ID
                 labels[k, s:e] = original[k, s:e]
-            predicted = _predict(model, batcher.finish(original, masked, labels)).numpy()
+            predicted = predict_masked(model, batcher.finish(original, masked, labels)).numpy()
             truth = labels[labels != IGNORE_INDEX]
             hit = predicted == truth
             ends = np.cumsum([e - s for _, s, e in chunk])
@@ -99,7 +99,7 @@ def char_mlm_accuracy(model, dataset, batcher: MLMBatcher, max_rows: int = 512, 
             original = np.stack([p[0] for p in pairs])
             flags = np.stack([p[1] for p in pairs])
             masked, labels = masker.mask(original, flags, "char", np.random.default_rng([seed, chunk[0]]))
-            predicted = _predict(model, batcher.finish(original, masked, labels)).numpy()
+            predicted = predict_masked(model, batcher.finish(original, masked, labels)).numpy()
             truth = labels[labels != IGNORE_INDEX]
             right += int((predicted == truth).sum())
             total += len(truth)

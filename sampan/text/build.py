@@ -71,6 +71,7 @@ class DataBuildConfig:
             words and PER/LOC/ORG; only for corpora that have them).
         entities: entity source for tool spans: "lac+lexicon", "lac", "lexicon" or "none".
         max_docs: keep the first N documents of each corpus and split (0 = all): for demos / tests.
+        max_test_docs: keep the first N held-out documents (0 = as ``max_docs``).
         split_seed: seed of the held-out split (the default is the fixed split everyone uses).
         overwrite: replace an existing build in ``out``.
     """
@@ -84,6 +85,7 @@ class DataBuildConfig:
     spans: str = "tools"
     entities: str = "lac+lexicon"
     max_docs: int = 0
+    max_test_docs: int = 0
     split_seed: int = 0
     overwrite: bool = False
 
@@ -106,8 +108,9 @@ class DataBuildConfig:
             raise ValueError(f"spans must be one of {list(SPAN_SOURCES)}, got {self.spans!r}")
         if self.entities not in ENTITY_SOURCES:
             raise ValueError(f"entities must be one of {list(ENTITY_SOURCES)}, got {self.entities!r}")
-        if self.max_docs < 0:
-            raise ValueError(f"max_docs must be >= 0 (0 = all), got {self.max_docs}")
+        if self.max_docs < 0 or self.max_test_docs < 0:
+            raise ValueError(f"max_docs and max_test_docs must be >= 0 (0 = all), got {self.max_docs}, "
+                             f"{self.max_test_docs}")
 
 
 def sentence_spans(text: str, max_chars: int) -> list[tuple[int, int]]:
@@ -235,8 +238,9 @@ def build_data(config: DataBuildConfig, log: Callable[[str], None] | None = None
             if split == "test" and name in _NO_TEST_SPLIT:
                 continue
             docs = load_corpus(name, split, config.split_seed)
-            if config.max_docs:
-                docs = docs[:config.max_docs]
+            limit = config.max_test_docs if split == "test" and config.max_test_docs else config.max_docs
+            if limit:
+                docs = docs[:limit]
             if config.spans == "gold" and not any(d.words for d in docs):
                 raise ValueError(f"spans='gold' needs gold segmentation, which corpus {name!r} lacks; "
                                  "use --spans tools, or build it separately")

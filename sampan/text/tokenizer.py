@@ -45,7 +45,6 @@ def _build_tokenizer(vocab: dict[str, int] | None = None) -> Tokenizer:
     ])
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece(prefix=CONTINUATION)
-    tok.add_special_tokens(list(SPECIAL_TOKENS))  # never split, and dropped by decode(skip_special_tokens)
     return tok
 
 
@@ -101,6 +100,8 @@ class ChineseTokenizer:
     pad_id, unk_id, cls_id, sep_id, mask_id = PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID
 
     def __init__(self, tokenizer: Tokenizer):
+        # Never split, and dropped by decode(skip_special_tokens); idempotent for a loaded file.
+        tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
         for i, token in enumerate(SPECIAL_TOKENS):
             if tokenizer.token_to_id(token) != i:
                 raise ValueError(f"tokenizer must hold {token} at id {i} (sampan's special-token layout); "
