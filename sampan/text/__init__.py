@@ -1,6 +1,25 @@
-"""Chinese text: corpora that ship inside packages, and vocabularies."""
+"""Chinese text: corpora that ship inside packages, the tokenizer, knowledge masking, character features.
+
+See docs/text.md. ``sampan data build`` turns corpora into token shards with span flags;
+``sampan.pretraining`` trains ERNIE on them.
+"""
 
 from sampan.text.char_vocab import CharVocab
-from sampan.text.corpus import package_file, sanguo_chapters
+from sampan.text.corpus import CORPORA, Document, load_corpus, package_file, sanguo_chapters
+from sampan.text.features import CharFeatures
+from sampan.text.masking import KnowledgeMasker, MaskingConfig, MaskingSchedule
+from sampan.text.tokenizer import ChineseTokenizer
 
-__all__ = ["CharVocab", "package_file", "sanguo_chapters"]
+__all__ = [
+    "CORPORA",
+    "CharFeatures",
+    "CharVocab",
+    "ChineseTokenizer",
+    "Document",
+    "KnowledgeMasker",
+    "MaskingConfig",
+    "MaskingSchedule",
+    "load_corpus",
+    "package_file",
+    "sanguo_chapters",
+]
