@@ -9,6 +9,7 @@ per call, and runs the result through ``torch.compile(fullgraph=True)``. ``save`
 
 from sampan.jit.api import not_to_static, to_static
 from sampan.jit.errors import ConversionError, Dy2StaticError, GraphBreakError
+from sampan.jit.export import LoadedFunction, load, save
 from sampan.jit.static_function import StaticFunction
 from sampan.static import InputSpec
 
@@ -17,7 +18,10 @@ __all__ = [
     "Dy2StaticError",
     "GraphBreakError",
     "InputSpec",
+    "LoadedFunction",
     "StaticFunction",
+    "load",
     "not_to_static",
+    "save",
     "to_static",
 ]

@@ -18,6 +18,8 @@ Rules for variables under tensor control flow (they follow from what one graph c
 from __future__ import annotations
 
 import builtins
+import re
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -72,7 +74,31 @@ def _scalar_pred(pred: torch.Tensor, what: str, where: str) -> torch.Tensor:
 def _as_tensor(value: Any, like: torch.Tensor | None = None) -> torch.Tensor:
     if _is_tensor(value):
         return value
-    return torch.as_tensor(value, dtype=None if like is None else like.dtype)
+    if like is not None:
+        dtype = like.dtype
+    elif isinstance(value, (bool, torch.SymBool)):
+        dtype = torch.bool
+    elif isinstance(value, (int, torch.SymInt)):
+        dtype = torch.int64
+    else:
+        dtype = torch.get_default_dtype()
+    # torch.full, not torch.tensor: a tensor constant inside a cond / while_loop body cannot be
+    # serialised by torch.export ("getattr nodes containing tensors"); a factory op can.
+    return torch.full((), value, dtype=dtype)
+
+
+def _call_hop(op: Callable, *args: Any) -> Any:
+    """Run ``torch.cond`` / ``torch.while_loop``; outside compilation, surface a
+    :class:`Dy2StaticError` raised in a branch or body as itself (torch wraps it in a tracing error)."""
+    if torch.compiler.is_compiling():
+        return op(*args)
+    try:
+        return op(*args)
+    except torch._dynamo.exc.TorchDynamoException as e:
+        found = re.search(r'raised exception Dy2StaticError\((["\'])(.*?)\1\)', str(e), re.S)
+        if found:
+            raise Dy2StaticError(found.group(2)) from None
+        raise
 
 
 def _unalias(out: torch.Tensor, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -106,6 +132,11 @@ def IfElse(pred: Any, true_fn: Callable, false_fn: Callable, args: tuple, names:
             (outputs if name in both else locals_).append(i)
         else:
             fixed.append(i)
+    if not outputs and locals_:
+        raise Dy2StaticError(
+            f"{where}: {', '.join(repr(names[i]) for i in locals_)} is assigned in only one branch of this "
+            "tensor 'if' and has no value before it, so it has no value after it either. Assign it before "
+            "the 'if' or in both branches.")
     if not outputs:
         raise Dy2StaticError(
             f"{where}: this 'if' has a tensor condition but assigns no tensor, so a graph cannot express "
@@ -115,9 +146,10 @@ def IfElse(pred: Any, true_fn: Callable, false_fn: Callable, args: tuple, names:
 
     def branch(fn: Callable) -> Callable:
         def run(*ops: torch.Tensor) -> tuple:
-            values = list(args)
-            for i, op in zip(inputs, ops, strict=False):
-                values[i] = op
+            # Outer tensors must not be touched inside the branch (dynamo would lift them as
+            # extra inputs), so the operand slots are filled without reading ``args`` there.
+            by_slot = dict(zip(inputs, ops, strict=False))
+            values = [by_slot[i] if i in by_slot else a for i, a in enumerate(args)]
             outs = fn(*values)
             _unchanged(outs, args, fixed, names, "if", where)
             result = []
@@ -129,12 +161,15 @@ def IfElse(pred: Any, true_fn: Callable, false_fn: Callable, args: tuple, names:
                     raise Dy2StaticError(
                         f"{where}: under this tensor 'if', '{names[i]}' must be a tensor (or number) in "
                         f"both branches, but one branch leaves it {out!r}. Give it a tensor value in both.")
-                result.append(_unalias(out, ops))
+                # A branch output may be an outer tensor (``if c: return y``), which torch.cond
+                # refuses as aliasing and we cannot tell from a fresh one while tracing: copy it
+                # (inductor fuses the copy into the op that produced the value).
+                result.append(out.clone())
             return tuple(result)
 
         return run
 
-    outs = torch.cond(pred, branch(true_fn), branch(false_fn), operands)
+    outs = _call_hop(torch.cond, pred, branch(true_fn), branch(false_fn), operands)
     values = list(args)
     for i, out in zip(outputs, outs, strict=False):
         values[i] = out
@@ -168,6 +203,9 @@ def While(cond_fn: Callable, body_fn: Callable, args: tuple, names: tuple[str, .
         values = tuple(body_fn(*values))
 
 
+_WARNED: list[str] = []
+
+
 def _tensor_while(cond_fn: Callable, body_fn: Callable, args: tuple, names: tuple[str, ...],
                   where: str) -> tuple:
     carried, locals_, fixed = [], [], []
@@ -179,16 +217,21 @@ def _tensor_while(cond_fn: Callable, body_fn: Callable, args: tuple, names: tupl
         else:
             fixed.append(i)
     init = tuple(_as_tensor(args[i]) for i in carried)
+    if (not torch.compiler.is_compiling() and torch.is_grad_enabled() and not _WARNED
+            and any(t.requires_grad for t in init)):
+        _WARNED.append(where)
+        warnings.warn(f"{where}: gradients through this tensor 'while' come from torch.while_loop, whose "
+                      "backward in torch 2.13 counts only the last iteration's use of tensors that are read "
+                      "(not updated) by every iteration; check gradients against eager before training.",
+                      stacklevel=3)
 
     def fill(ops: Sequence[torch.Tensor]) -> list:
-        values = list(args)
-        for i, op in zip(carried, ops, strict=False):
-            values[i] = op
-        return values
+        by_slot = dict(zip(carried, ops, strict=False))
+        return [by_slot[i] if i in by_slot else a for i, a in enumerate(args)]
 
     def cond(*ops: torch.Tensor) -> torch.Tensor:
         pred = cond_fn(*fill(ops))
-        return _scalar_pred(pred, "while", where) if _is_tensor(pred) else torch.tensor(bool(pred))
+        return _scalar_pred(pred, "while", where) if _is_tensor(pred) else _as_tensor(bool(pred))
 
     def body(*ops: torch.Tensor) -> tuple:
         outs = body_fn(*fill(ops))
@@ -205,8 +248,11 @@ def _tensor_while(cond_fn: Callable, body_fn: Callable, args: tuple, names: tupl
             result.append(_unalias(out, ops))
         return tuple(result)
 
-    outs = torch.while_loop(cond, body, init)
-    values = fill(outs)
+    outs = _call_hop(torch.while_loop, cond, body, init)
+    # torch 2.13: a while_loop output that depends on module parameters carries unbacked stride
+    # symbols, and a later torch.cond that reads it fails to lift them ("Source of '8*u0 - 8' is
+    # None"). A copy has plain metadata; it costs one copy per loop, not per iteration.
+    values = fill(tuple(out.clone() for out in outs))
     for i in locals_:
         reason = (f"it is assigned inside the tensor 'while' at {where} but has no value before the loop; "
                   "initialise it before the loop")
@@ -282,7 +328,9 @@ class ForIter:
         if self.range is not None:
             return self.range.start + idx * self.range.step
         if self.tensor is not None:
-            return self.tensor[idx]
+            # index_select, not tensor[idx]: indexing by a 0-d tensor asks for its integer value,
+            # which a graph loop does not have.
+            return self.tensor.index_select(0, idx.reshape(1)).squeeze(0)
         return self.items[idx]
 
 

@@ -156,8 +156,11 @@ class StaticFunction:
         except Exception as eager_error:  # noqa: BLE001 - reported to the user as it is
             return eager_error
         reason = str(error).strip()
+        frames = [f for f in getattr(error, "real_stack", None) or []
+                  if "/torch/" not in f.filename and "/sampan/jit/" not in f.filename]
+        at = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
         return GraphBreakError(
-            f"torch.compile(fullgraph=True) cannot capture '{self.__qualname__}' as one graph, although "
+            f"torch.compile(fullgraph=True) cannot capture '{self.__qualname__}' as one graph{at}, although "
             f"the converted function runs eagerly:\n{reason}\n"
             "The frames above name your file and line; print the converted source with `.code` or "
             "SAMPAN_JIT_DEBUG=1. Pass full_graph=False to allow graph breaks.")

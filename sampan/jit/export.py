@@ -1,0 +1,210 @@
+"""``jit.save`` / ``jit.load``: a converted function as ``.pt2`` + ``.onnx`` + ``.json``.
+
+``save`` exports the *converted* function, so tensor control flow is in the files as
+``cond`` / ``while_loop`` (``If`` / ``Loop`` nodes in ONNX). Layers the function reaches through
+its globals or closure become sub-layers of the exported module, so their weights are the
+program's parameters. ``load`` runs the ``.pt2`` (or the ``.onnx`` through onnxruntime) without
+the original Python source.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import types
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from sampan.jit.static_function import StaticFunction
+from sampan.static import InputSpec
+
+
+class _ExportModule(nn.Module):
+    """The converted function as a module: tensor inputs in, fixed Python arguments baked in."""
+
+    def __init__(self, static: StaticFunction, layout: list[Any], layers: list[nn.Module]):
+        super().__init__()
+        self.layers = nn.ModuleList(layers)  # registers the weights the function uses
+        self._static = static
+        self._layout = layout  # per positional argument: None (a tensor input) or the fixed value
+
+    def forward(self, *tensors: torch.Tensor) -> Any:
+        it = iter(tensors)
+        args = [next(it) if fixed is _TENSOR else fixed for fixed in self._layout]
+        return self._static.eager(*args)
+
+
+_TENSOR = object()
+
+
+def _static_function(target: Any) -> StaticFunction:
+    if isinstance(target, StaticFunction):
+        return target
+    if isinstance(target, nn.Module):
+        forward = target.forward
+        if isinstance(forward, StaticFunction):
+            return forward
+        return StaticFunction(type(target).forward, instance=target)
+    if callable(target):
+        return StaticFunction(target)
+    raise TypeError(f"jit.save takes a to_static function or a Layer, got {type(target).__name__}")
+
+
+def _referenced_layers(static: StaticFunction) -> list[nn.Module]:
+    if isinstance(static._instance, nn.Module):
+        return [static._instance]
+    fn = static._function
+    names = set(fn.__code__.co_names)
+    found = [fn.__globals__[n] for n in sorted(names) if isinstance(fn.__globals__.get(n), nn.Module)]
+    for cell in fn.__closure__ or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:
+            continue
+        if isinstance(value, nn.Module):
+            found.append(value)
+    unique: dict[int, nn.Module] = {id(m): m for m in found}
+    return list(unique.values())
+
+
+def _param_names(static: StaticFunction) -> list[str]:
+    params = list(inspect.signature(static._function).parameters)
+    return params[1:] if static._instance is not None else params
+
+
+def _inputs(static: StaticFunction, input_spec: Sequence[InputSpec] | None):
+    """(layout, example tensors, specs) for the export."""
+    names = _param_names(static)
+    if input_spec is None and static.input_spec is None and static.last_args is None:
+        raise ValueError(f"jit.save needs the input shapes of '{static.__qualname__}': call the function once "
+                         "with example inputs, or pass input_spec=[InputSpec(shape, dtype), ...]")
+    if input_spec is None and static.last_args is not None:
+        layout = [_TENSOR if isinstance(a, torch.Tensor) else a for a in static.last_args]
+        examples = [a.detach() for a in static.last_args if isinstance(a, torch.Tensor)]
+        specs = list(static.last_specs or [])
+    else:
+        specs = list(input_spec if input_spec is not None else static.input_spec)
+        layout = [_TENSOR] * len(specs)
+        last = [a for a in static.last_args or () if isinstance(a, torch.Tensor)]
+        fits = len(last) == len(specs) and all(s.matches(t) for s, t in zip(specs, last, strict=True))
+        examples = [t.detach() for t in last] if fits else [s.example(dynamic_size=3) for s in specs]
+    tensor_names = [n for n, fixed in zip(names, layout, strict=False) if fixed is _TENSOR]
+    specs = [InputSpec(s.shape, s.dtype, s.name or (tensor_names[i] if i < len(tensor_names) else f"input_{i}"))
+             for i, s in enumerate(specs)]
+    return layout, examples, specs
+
+
+def _dynamic_shapes(specs: list[InputSpec]) -> tuple | None:
+    if not any(s.dynamic_dims for s in specs):
+        return None
+    # One entry for _ExportModule.forward's single parameter (*tensors), holding one per tensor.
+    return (tuple({d: torch.export.Dim(f"{s.name}_dim{d}") for d in s.dynamic_dims} or None for s in specs),)
+
+
+def _tensor_json(name: str, t: Any) -> dict:
+    shape = [int(d) if isinstance(d, int) else None for d in t.shape]
+    return {"name": name, "shape": shape, "dtype": str(t.dtype).removeprefix("torch.")}
+
+
+def save(function_or_layer: Callable | nn.Module, path: str | os.PathLike[str],
+         input_spec: Sequence[InputSpec] | None = None) -> dict[str, Path]:
+    """Export to ``path.pt2`` (torch.export), ``path.onnx`` (dynamo ONNX exporter) and ``path.json``.
+
+    Input shapes come from ``input_spec``, else from the specs given to ``to_static`` or the last
+    call (non-tensor arguments of that call are fixed into the export). ``None`` dimensions are
+    dynamic in both files. Returns the written paths. If the ONNX exporter fails (torch 2.13
+    cannot export a tensor ``if`` inside a tensor loop), the ``.pt2`` and ``.json`` are still
+    written, with the reason under ``onnx_error`` in the ``.json``, and a warning is given.
+    """
+    import sampan
+
+    static = _static_function(function_or_layer)
+    layout, examples, specs = _inputs(static, input_spec)
+    module = _ExportModule(static, layout, _referenced_layers(static))
+    base = Path(path)
+    base.parent.mkdir(parents=True, exist_ok=True)
+    dynamic = _dynamic_shapes(specs)
+    program = torch.export.export(module, tuple(examples), dynamic_shapes=dynamic, strict=False)
+    files = {"pt2": base.with_name(base.name + ".pt2"), "onnx": base.with_name(base.name + ".onnx"),
+             "json": base.with_name(base.name + ".json")}
+    torch.export.save(program, files["pt2"])
+    input_names = [s.name for s in specs]
+    outputs = [n.meta["val"] for n in program.graph.output_node().args[0]]
+    output_names = [f"output_{i}" for i in range(len(outputs))]
+    onnx_error = None
+    try:
+        onnx_program = torch.onnx.export(program, tuple(examples), input_names=input_names,
+                                         output_names=output_names, dynamo=True, verbose=False)
+        onnx_program.save(str(files["onnx"]))
+    except Exception as e:  # noqa: BLE001 - the .pt2 is still written; the .json records why
+        # torch 2.13 + onnxscript 0.7.2 fail on a tensor `if` inside a tensor loop (an If inside a
+        # Loop body: "Opset mismatch when inlining function ... __subgraph__").
+        onnx_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        warnings.warn(f"jit.save wrote {files['pt2'].name} but no ONNX file: the ONNX exporter failed "
+                      f"({onnx_error})", stacklevel=2)
+        del files["onnx"]
+    meta = {
+        "format": "sampan.jit/1",
+        "function": static.__qualname__,
+        "inputs": [s.to_json() for s in specs],
+        "outputs": [_tensor_json(n, v) for n, v in zip(output_names, outputs, strict=True)],
+        "sampan_version": sampan.__version__,
+        "torch_version": torch.__version__,
+        "files": {k: v.name for k, v in files.items()},
+        "onnx_error": onnx_error,
+    }
+    tmp = files["json"].with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(meta, indent=2) + "\n")
+    os.replace(tmp, files["json"])
+    return files
+
+
+class LoadedFunction:
+    """A saved function, run by the ``.pt2`` program or by onnxruntime on the ``.onnx`` file.
+
+    Attributes:
+        meta: the ``.json`` description (input and output names, shapes, dtypes, versions).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], backend: str = "pt2"):
+        base = Path(path)
+        json_path = base.with_name(base.name + ".json")
+        if not json_path.exists():
+            raise FileNotFoundError(f"{json_path} not found: jit.load takes the path given to jit.save "
+                                    "(without the .pt2 / .onnx / .json suffix)")
+        self.meta = json.loads(json_path.read_text())
+        self.backend = backend
+        if backend == "pt2":
+            self._run = torch.export.load(base.with_name(base.name + ".pt2")).module()
+        elif backend == "onnxruntime":
+            import onnxruntime
+
+            session = onnxruntime.InferenceSession(str(base.with_name(base.name + ".onnx")),
+                                                   providers=["CPUExecutionProvider"])
+            self._run = types.MethodType(_run_onnx, session)
+        else:
+            raise ValueError(f"backend must be 'pt2' or 'onnxruntime', got {backend!r}")
+
+    def __call__(self, *args: torch.Tensor) -> Any:
+        expected = self.meta["inputs"]
+        if len(args) != len(expected):
+            names = [i["name"] for i in expected]
+            raise TypeError(f"this saved function takes {len(expected)} tensor inputs {names}, got {len(args)}")
+        return self._run(*args)
+
+
+def _run_onnx(session: Any, *args: torch.Tensor) -> Any:
+    feeds = {i.name: a.detach().cpu().numpy() for i, a in zip(session.get_inputs(), args, strict=True)}
+    outs = [torch.from_numpy(o) for o in session.run(None, feeds)]
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def load(path: str | os.PathLike[str], backend: str = "pt2") -> LoadedFunction:
+    """Load what :func:`save` wrote at ``path``; ``backend`` is "pt2" (torch) or "onnxruntime"."""
+    return LoadedFunction(path, backend)

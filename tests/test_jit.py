@@ -1,0 +1,253 @@
+"""sampan.jit beyond the corpus: the API, caching and stats, errors that name the user's line,
+debug output, layers and training, dynamic input specs, export, the GPT early-exit example and
+one inductor compile."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import sampan
+import sampan as paddle
+from sampan.jit import ConversionError, Dy2StaticError, GraphBreakError, InputSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).name
+
+
+def branchy(x):
+    if x.sum() > 0:
+        return x * 2
+    return x - 1
+
+
+def test_decorator_forms_and_code():
+    plain = sampan.jit.to_static(branchy, backend="eager")
+
+    @sampan.jit.to_static(backend="eager")
+    def with_args(x):
+        return branchy(x) + 1
+
+    x = torch.randn(4)
+    torch.testing.assert_close(plain(x), branchy(x))
+    torch.testing.assert_close(with_args(x), branchy(x) + 1)
+    assert "_jst.IfElse" in plain.code and "return" in plain.code
+    assert plain.dygraph_function is branchy
+
+
+def test_stats_count_compiles_cache_hits_and_dynamic_specs():
+    static = sampan.jit.to_static(branchy, backend="eager")
+    static(torch.randn(3))
+    static(torch.randn(3))
+    static(torch.randn(5))  # a new shape is a new graph without a dynamic spec
+    assert static.stats() == {"compiles": 2, "graph_breaks": 0, "cache_hits": 1, "calls": 3}
+    dynamic = sampan.jit.to_static(branchy, input_spec=[InputSpec([None])], backend="eager")
+    for n in (3, 5, 7):
+        torch.testing.assert_close(dynamic(torch.full((n,), 1.0)), torch.full((n,), 2.0))
+    assert dynamic.stats()["compiles"] == 1 and dynamic.stats()["cache_hits"] == 2
+    with pytest.raises(ValueError, match="does not fit its InputSpec"):
+        dynamic(torch.zeros(2, 2))
+
+
+def test_debug_env_prints_source_after_each_pass(monkeypatch, capsys):
+    monkeypatch.setenv("SAMPAN_JIT_DEBUG", "1")
+
+    def debugged(x):
+        while x.sum() < 10:
+            x = x + 1
+        return x
+
+    static = sampan.jit.to_static(debugged, backend="eager")
+    static(torch.ones(2))
+    err = capsys.readouterr().err
+    for name in ("early_return", "ifelse", "while_loop", "undefined_vars"):
+        assert f"after pass '{name}'" in err
+    assert "_jst.While(" in err
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 2)
+
+    def forward(self, x):
+        h = self.a(x)
+        if h.mean() > 0:
+            h = torch.relu(h)
+        else:
+            h = -h
+        return self.b(h)
+
+
+def test_layer_training_matches_eager():
+    torch.manual_seed(0)
+    eager = Net()
+    static = Net()
+    static.load_state_dict(eager.state_dict())
+    static = sampan.jit.to_static(static, backend="aot_eager")
+    assert isinstance(static.forward, sampan.jit.StaticFunction)
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.1)
+    opt_s = torch.optim.SGD(static.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        x = torch.randn(8, 4, generator=gen)
+        for model, opt in ((eager, opt_e), (static, opt_s)):
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+    for (name, p), q in zip(eager.named_parameters(), static.parameters(), strict=True):
+        torch.testing.assert_close(q, p, atol=1e-6, rtol=1e-6, msg=name)
+    assert static.forward.stats()["graph_breaks"] == 0
+
+
+def test_method_decorator_gets_a_cache_per_instance():
+    class Scaled(nn.Module):
+        def __init__(self, k):
+            super().__init__()
+            self.k = k
+
+        @sampan.jit.to_static(backend="eager")
+        def forward(self, x):
+            if x.sum() > 0:
+                x = x * self.k
+            return x
+
+    a, b = Scaled(2.0), Scaled(3.0)
+    x = torch.ones(2)
+    torch.testing.assert_close(a(x), x * 2)
+    torch.testing.assert_close(b(x), x * 3)
+    assert a.forward is not b.forward
+
+
+def test_unsupported_construct_names_file_and_line():
+    def gen(x):
+        yield x
+
+    with pytest.raises(ConversionError, match=rf"{HERE}:\d+: a generator .*Collect the values"):
+        sampan.jit.to_static(gen, backend="eager")(torch.ones(1))
+
+
+def test_one_branch_variable_error_names_the_if():
+    def uses_branch_local(x):
+        if x.sum() > 0:
+            y = x * 2
+        return y
+
+    with pytest.raises(Dy2StaticError, match=rf"{HERE}:\d+: 'y' is assigned in only one branch of this tensor 'if'"):
+        sampan.jit.to_static(uses_branch_local, backend="eager")(torch.ones(2))
+
+
+def test_shape_change_in_tensor_loop_is_a_clear_error():
+    def grows(x):
+        while x.sum() < 10:
+            x = torch.cat([x, x])
+        return x
+
+    with pytest.raises(Dy2StaticError, match=rf"{HERE}:\d+: 'x' enters this tensor 'while'.*Preallocate"):
+        sampan.jit.to_static(grows, backend="eager")(torch.ones(2))
+
+
+def test_graph_break_error_names_the_user_line():
+    def breaks(x):
+        return torch.tensor(x.tolist()) * 2  # .tolist() cannot be captured
+
+    with pytest.raises(GraphBreakError, match=rf"cannot capture '.*breaks' as one graph at .*{HERE}:\d+"):
+        sampan.jit.to_static(breaks, backend="eager")(torch.ones(2))
+
+
+def test_save_needs_a_call_or_spec(tmp_path):
+    static = sampan.jit.to_static(branchy, backend="eager")
+    with pytest.raises(ValueError, match="call the function once .* or pass input_spec"):
+        sampan.jit.save(static, tmp_path / "m")
+
+
+model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+
+
+def test_seed_snippet_round_trips(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+
+    @paddle.jit.to_static
+    def static_forward(x):
+        return model(x)
+
+    x = torch.randn(2, 4)
+    static_forward.backend = "eager"  # the snippet as written; eager keeps the test fast
+    static_forward(x)
+    paddle.jit.save(static_forward, "inference_model")
+    loaded = paddle.jit.load("inference_model")
+    torch.testing.assert_close(loaded(x), model(x))
+    meta = json.loads((tmp_path / "inference_model.json").read_text())
+    assert meta["inputs"] == [{"name": "x", "shape": [2, 4], "dtype": "float32"}]
+    assert meta["outputs"][0]["shape"] == [2, 3] and meta["sampan_version"] == sampan.__version__
+
+
+def test_dynamic_batch_export_runs_any_batch(tmp_path):
+    def clipped(x):
+        while x.abs().max() > 1:
+            x = x / 2
+        return x
+
+    static = sampan.jit.to_static(clipped, input_spec=[InputSpec([None, 3], name="x")], backend="eager")
+    static(torch.randn(4, 3) * 10)
+    sampan.jit.save(static, tmp_path / "clip")
+    meta = json.loads((tmp_path / "clip.json").read_text())
+    assert meta["inputs"][0]["shape"] == [None, 3]
+    pt2 = sampan.jit.load(tmp_path / "clip")
+    ort = sampan.jit.load(tmp_path / "clip", backend="onnxruntime")
+    for batch in (1, 6):
+        x = torch.randn(batch, 3) * 20
+        torch.testing.assert_close(pt2(x), clipped(x))
+        torch.testing.assert_close(ort(x), clipped(x), atol=1e-5, rtol=1e-5)
+
+
+def test_gpt_early_exit_example_converts_and_exports(tmp_path):
+    # Imported under a real module name: torch.compile imports the module of traced functions.
+    spec = importlib.util.spec_from_file_location("jit_export_example", ROOT / "examples" / "jit_export.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    result = module.main(["--backend", "eager", "--num-layers", "1", "--max-new-tokens", "6",
+                             "--out", str(tmp_path)])
+    eager_ids, eager_steps = result["eager"]
+    for key in ("static", "pt2", "onnx"):
+        ids, steps = result[key]
+        assert torch.equal(ids, eager_ids), key
+        assert int(steps) == int(eager_steps), key
+    prompt = result["prompt"]
+    assert int(eager_steps) < prompt.shape[1] + 6  # every row hit EOS: the loop left early
+    # The generated tokens are the model's own greedy choice, as its generate() makes them.
+    reference = result["model"].generate(prompt, max_new_tokens=int(eager_steps) - prompt.shape[1])
+    assert torch.equal(eager_ids[:, :int(eager_steps)], reference)
+    assert result["stats"]["graph_breaks"] == 0
+
+
+def test_inductor_backend_with_gradients():
+    """The default backend once: cond + while_loop compiled by inductor, forward and backward."""
+
+    def f(x, w):
+        y = x @ w
+        if y.sum() > 0:
+            y = torch.tanh(y)
+        else:
+            y = torch.sigmoid(y)
+        while y.abs().sum() < 10:
+            y = y * 2
+        return y
+
+    static = sampan.jit.to_static(f)
+    x = torch.randn(3, 4)
+    w = torch.randn(4, 4, requires_grad=True)
+    w2 = w.detach().clone().requires_grad_(True)
+    torch.testing.assert_close(static(x, w2), f(x, w), atol=1e-5, rtol=1e-5)
+    f(x, w).sum().backward()
+    static(x, w2).sum().backward()
+    torch.testing.assert_close(w2.grad, w.grad, atol=1e-5, rtol=1e-5)
+    assert static.stats()["graph_breaks"] == 0
