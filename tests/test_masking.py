@@ -199,3 +199,17 @@ def test_masked_positions_carry_no_character_features(gold_rows, masker, tok):
     for name in ("pinyin_ids", "radical_ids", "stroke_ids"):
         assert (batch[name][at_mask] == 0).all()
         assert (batch[name][~at_mask & batch["attention_mask"]] > 0).float().mean() > 0.8  # hanzi elsewhere
+
+
+def test_knowledge_masking_example_runs():
+    import runpy
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "examples" / "knowledge_masking.py"
+    shown = runpy.run_path(str(script))["main"](["--samples", "2", "--seed", "1"])
+    (original,) = shown.pop("original")
+    assert original == "李彦宏是百度公司创始人,他出生于山西阳泉,毕业于北京大学信息管理专业,后来一帆风顺。"
+    assert set(shown) == {"char", "phrase", "entity"}
+    for versions in shown.values():
+        assert len(versions) == 2 and all(v != original for v in versions)
+        assert any("□" in v for v in versions)
