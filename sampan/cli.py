@@ -137,7 +137,7 @@ def _cmd_data_build(args: argparse.Namespace) -> int:
     manifest = build_data(DataBuildConfig(
         corpora=args.corpus, out=args.out, seq_len=args.seq_len, vocab_size=args.vocab_size,
         min_frequency=args.min_frequency, tokenizer=args.tokenizer or "", spans=args.spans, entities=args.entities,
-        max_docs=args.max_docs, max_test_docs=args.max_test_docs, overwrite=args.overwrite))
+        max_docs=args.max_docs, max_test_docs=args.max_test_docs, workers=args.workers, overwrite=args.overwrite))
     print(json.dumps({"out": args.out, "vocab_size": manifest["vocab_size"], **manifest["build"],
                       "rows": {f"{s['corpus']}.{s['split']}": s["rows"] for s in manifest["shards"]}}, indent=2))
     return 0
@@ -196,6 +196,8 @@ def _add_data_parsers(verbs) -> None:
                        help="keep the first N documents per corpus and split, 0 = all (default: 0)")
     build.add_argument("--max-test-docs", type=int, default=0,
                        help="keep the first N held-out documents per corpus, 0 = as --max-docs (default: 0)")
+    build.add_argument("--workers", type=int, default=1,
+                       help="parallel processes; the output is the same for any count (default: 1)")
     build.add_argument("--overwrite", action="store_true", help="replace an existing build in OUT")
     build.set_defaults(func=_cmd_data_build)
 

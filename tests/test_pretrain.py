@@ -15,7 +15,7 @@ from sampan.checkpoint.files import hash_file
 from sampan.cli import main
 from sampan.pretraining import MLMBatcher, PretrainConfig, pretrain
 from sampan.pretraining.evaluate import char_mlm_accuracy, entity_cloze_accuracy, gold_entity_spans
-from sampan.text.build import DataBuildConfig, build_data, load_manifest
+from sampan.text.build import DataBuildConfig, build_data, encode_parallel, load_manifest
 from sampan.text.corpus import load_corpus
 from sampan.text.features import CharFeatures
 from sampan.text.masking import KnowledgeMasker
@@ -89,6 +89,17 @@ def test_data_build_is_deterministic(build, tmp_path):
     assert again["files"] == first["files"]
     with pytest.raises(ValueError, match="gold segmentation"):
         build_data(DataBuildConfig(corpora=("sanguo",), out=str(tmp_path / "g"), spans="gold", max_docs=2))
+
+
+def test_parallel_encoding_gives_the_same_rows(build, monkeypatch):
+    tok = ChineseTokenizer.load(build / "tokenizer.json")
+    docs = load_corpus("news", "train")[:30]
+    monkeypatch.setattr("sampan.text.build._CHUNK_CHARS", 600)  # several chunks per worker
+    # Gold spans: the workers need neither jieba nor LAC, which keeps this test quick.
+    one = encode_parallel(docs, tok, 64, "gold", "none", workers=1)
+    two = encode_parallel(docs, tok, 64, "gold", "none", workers=2)
+    assert (one[0] == two[0]).all() and (one[1] == two[1]).all() and one[2] == two[2]
+    assert len(one[2]) == 30 and one[2][-1][1] + one[2][-1][2] == len(one[0])
 
 
 def test_pretrain_cli_trains_and_the_loss_falls(build, tmp_path, capsys):
