@@ -235,9 +235,7 @@ def _chunks(docs: list[Document]) -> list[list[Document]]:
 
 def _encode_chunk(tokenizer_json: str, docs: list[Document], seq_len: int, spans: str, entities: str):
     """Worker side of a parallel build: the tokenizer travels as its JSON (it does not pickle)."""
-    from tokenizers import Tokenizer
-
-    return encode_documents(docs, ChineseTokenizer(Tokenizer.from_str(tokenizer_json)), seq_len, spans, entities)
+    return encode_documents(docs, ChineseTokenizer.from_json(tokenizer_json), seq_len, spans, entities)
 
 
 def encode_parallel(docs: list[Document], tokenizer: ChineseTokenizer, seq_len: int, spans: str, entities: str,
@@ -253,7 +251,7 @@ def encode_parallel(docs: list[Document], tokenizer: ChineseTokenizer, seq_len: 
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    tokenizer_json = tokenizer._tok.to_str()
+    tokenizer_json = tokenizer.to_json()
     chunks = _chunks(docs)
     parts = []
     with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -271,7 +269,7 @@ def encode_parallel(docs: list[Document], tokenizer: ChineseTokenizer, seq_len: 
             np.concatenate([p[1] for p in parts]).reshape(-1, seq_len), doc_rows)
 
 
-def _progress(total_chars: int):
+def _progress():
     """A rich progress bar over characters on a terminal; a line per corpus elsewhere."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -279,7 +277,7 @@ def _progress(total_chars: int):
     console = Console(stderr=True)
     return Progress(TextColumn("[bold]data build {task.description}"), BarColumn(), MofNCompleteColumn(),
                     TextColumn("chars"), TimeRemainingColumn(), console=console,
-                    disable=not console.is_terminal), console
+                    disable=not console.is_terminal)
 
 
 def build_data(config: DataBuildConfig, log: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -318,7 +316,7 @@ def build_data(config: DataBuildConfig, log: Callable[[str], None] | None = None
         CharFeatures.build(tokenizer.tokens()).save(tmp / "features.json")
         log(f"data build: tokenizer with {tokenizer.vocab_size} tokens; corpora {', '.join(config.corpora)}")
         shards, total_chars = [], sum(len(d.text) for docs in splits.values() for d in docs)
-        progress, _ = _progress(total_chars)
+        progress = _progress()
         with progress:
             task = progress.add_task("", total=total_chars)
             for (name, split), docs in splits.items():

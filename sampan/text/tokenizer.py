@@ -134,12 +134,21 @@ class ChineseTokenizer:
         return cls(_build_tokenizer(_learn_vocab(texts, vocab_size, min_frequency)))
 
     # -- files ----------------------------------------------------------------------------------
+    def to_json(self) -> str:
+        """The Hugging Face ``tokenizer.json`` text (also how a tokenizer reaches another process)."""
+        return self._tok.to_str(pretty=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> ChineseTokenizer:
+        """Inverse of :meth:`to_json`."""
+        return cls(Tokenizer.from_str(text))
+
     def save(self, path: str | os.PathLike) -> Path:
         """Write the tokenizer as Hugging Face ``tokenizer.json`` (atomically: temp file, then rename)."""
         path = Path(path)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         try:
-            tmp.write_text(self._tok.to_str(pretty=True), encoding="utf-8")
+            tmp.write_text(self.to_json(), encoding="utf-8")
             os.replace(tmp, path)
         except BaseException:
             tmp.unlink(missing_ok=True)
@@ -153,10 +162,11 @@ class ChineseTokenizer:
         if not path.is_file():
             raise FileNotFoundError(f"tokenizer file {path} not found; build one with `sampan data build`")
         try:
-            tok = Tokenizer.from_str(path.read_text(encoding="utf-8"))
+            return cls.from_json(path.read_text(encoding="utf-8"))
+        except ValueError:
+            raise
         except Exception as err:  # tokenizers raises a bare Exception on malformed JSON
             raise ValueError(f"{path} is not a tokenizers JSON file: {err}") from err
-        return cls(tok)
 
     # -- encoding -------------------------------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = True) -> Encoding:
