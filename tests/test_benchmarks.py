@@ -46,3 +46,22 @@ def test_trainer_quick(tmp_path):
         # Full recompute keeps less for backward than none; both memory methods agree.
         assert 0 < modes["full"]["activation_mib"] < modes["none"]["activation_mib"]
         assert result["recompute"][name]["memory_cross_check_max_rel_diff"] < 0.05
+
+
+@pytest.mark.timeout(400)
+def test_hybrid_parallel_quick_measures_what_the_formulas_say(tmp_path):
+    out = tmp_path / "hybrid.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "hybrid_parallel.py"), "--quick", "--out", str(out)],
+                   check=True, capture_output=True, text=True, timeout=380)
+    result = json.loads(out.read_text())
+    rows = {row["layout"]["name"]: row for row in result["layouts"]}
+    assert set(rows) == {"dp2", "sharding2 (ZeRO-3)", "mp2", "pp2 (1F1B)"}
+    for name, row in rows.items():
+        # Bytes counted at the collectives equal the closed-form volumes (2Ψ, 3Ψ per micro-batch,
+        # 4·L·b·s·h, b·s·h per boundary); a change that adds a collective shows up here.
+        assert row["wire_bytes_per_step"]["measured_over_closed_form"] == pytest.approx(1.0, abs=0.01), name
+        assert row["tokens_per_s"] > 0 and len(row["step_s"]) == 1
+    # Memory: data parallel holds everything, ZeRO-3 shards everything, as the formulas say.
+    for name in ("dp2", "sharding2 (ZeRO-3)"):
+        for kind, ratio in rows[name]["memory_bytes_per_rank"]["measured_over_formula"].items():
+            assert ratio == pytest.approx(1.0, abs=0.01), (name, kind)

@@ -101,7 +101,7 @@ class Fleet:
             loss_parallel = uses_loss_parallel(model, plan)
         apply_recompute(model, strategy.recompute)
         if hcg.data_world_size > 1:
-            apply_sharding(model, hcg.mesh["dp", "sharding"], strategy.sharding_configs.stage)
+            apply_sharding(model, hcg.data_mesh(), strategy.sharding_configs.stage)
         new = dict(model.named_parameters(remove_duplicate=False))
         self._param_map = {pid: new[name] for pid, name in old.items() if name in new}
         return DistributedModel(model, hcg, strategy, loss_parallel)
@@ -129,7 +129,7 @@ class Fleet:
                 apply_tensor_parallel(module, hcg.mesh["mp"], plan, require_match=False, sharded_logits=False)
             apply_recompute(module, strategy.recompute)
             if hcg.data_world_size > 1:
-                apply_sharding(module, hcg.mesh["dp", "sharding"], strategy.sharding_configs.stage)
+                apply_sharding(module, hcg.data_mesh(), strategy.sharding_configs.stage)
         news = [dict(m.named_parameters()) for _, m in stages]
         self._param_map = {pid: news[k][name] for pid, (k, name) in old.items()}
         tied_params = [self._param_map[pid] for pid in tied if pid in self._param_map]

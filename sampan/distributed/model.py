@@ -102,8 +102,17 @@ class DistributedModel(nn.Module):
             raise ValueError("the global batch has no labelled tokens (all labels are -100): nothing to learn from")
         self.model.train()
         total = torch.zeros((), dtype=torch.float64)
+        # Reduce gradients over the data ranks once per step, after the last micro-batch, not after
+        # each (the pipeline schedules do the same for their stages). ZeRO-3 keeps reducing each
+        # micro-batch: holding unsharded gradients between them would undo what stage 3 saves.
+        delay_sync = (len(micro) > 1 and hasattr(self.model, "set_requires_gradient_sync")
+                      and self.strategy.sharding_configs.stage != 3)
         with loss_context(self._loss_parallel):
-            for mb, count in zip(micro, counts, strict=True):
+            for i, (mb, count) in enumerate(zip(micro, counts, strict=True)):
+                if delay_sync:
+                    last = i == len(micro) - 1
+                    self.model.set_requires_gradient_sync(last)
+                    self.model.set_reshard_after_backward(last)  # and no re-gather per micro-batch
                 loss = self.model(**mb)
                 weight = float(count) / float(global_count)
                 (loss * (weight * self.hcg.data_world_size)).backward()

@@ -46,11 +46,14 @@ def sequence_parallel_plan(model: nn.Module) -> dict[str, object]:
             plan[f"{name}.norm1"] = SequenceParallel(use_local_output=True)
             plan[f"{name}.norm2"] = SequenceParallel(use_local_output=True)
             # attn(x, attn_mask, is_causal, kv_cache, layer_idx): only x is a sequence-sharded tensor.
+            # The gathered input stays a DTensor (use_local_output=False): the column-parallel
+            # layers' partial input gradients are summed and reduce-scattered once at this boundary,
+            # as Megatron-SP does, instead of all-reduced by each layer.
             plan[f"{name}.attn"] = PrepareModuleInput(input_layouts=(Shard(1), None, None, None, None),
                                                       desired_input_layouts=(Replicate(), None, None, None, None),
-                                                      use_local_output=True)
+                                                      use_local_output=False)
             plan[f"{name}.mlp"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
-                                                     use_local_output=True)
+                                                     use_local_output=False)
         elif isinstance(module, GPTModel):
             plan[f"{name}.norm" if name else "norm"] = SequenceParallel(use_local_output=True)
             plan[name] = PrepareModuleOutput(output_layouts=Shard(1), desired_output_layouts=Replicate())

@@ -90,6 +90,13 @@ class HybridCommunicateGroup:
         """This rank's index among the ``data_world_size`` data shards."""
         return self._rank("dp") * self.degrees["sharding"] + self._rank("sharding")
 
+    def data_mesh(self) -> DeviceMesh:
+        """The mesh FSDP2 shards over: 2-D ``(dp, sharding)`` (HSDP: replicate x shard), or 1-D
+        ``sharding`` when dp is 1, so no collective runs over a group of one rank."""
+        if self.degrees["dp"] == 1:
+            return self.mesh["sharding"]
+        return self.mesh["dp", "sharding"]
+
     def __repr__(self) -> str:
         coords = {axis: self._rank(axis) for axis in AXES}
         return f"HybridCommunicateGroup(degrees={self.degrees}, rank={dist.get_rank()}, coords={coords})"

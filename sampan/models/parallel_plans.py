@@ -5,6 +5,9 @@ A plan maps module-name patterns (``fnmatch``, relative to the model root) to a 
 
 * "colwise": shard the output features (q/k/v projections, the first FFN layer).
 * "rowwise": shard the input features and all-reduce the output (attention output, second FFN layer).
+* "shared_input": the module's first input is made one replicated DTensor before its
+  column-parallel children read it (attention's q / k / v), so backward all-reduces their summed
+  input gradient once instead of once per projection.
 * "vocab": shard the vocabulary. On an embedding: each rank looks up its slice of the table and
   the partial results are summed. On an output layer: logits stay sharded by vocabulary and the
   loss is computed by a parallel cross-entropy, so the full ``[tokens, vocab]`` logits never exist
@@ -24,6 +27,7 @@ from sampan.models.gpt.modeling import GPTForCausalLM, GPTModel
 
 # The blocks of both families are sampan.nn.TransformerBlock, so they split the same way.
 BLOCK_PLAN = {
+    "*layers.*.attn": "shared_input",
     "*layers.*.attn.q_proj": "colwise",
     "*layers.*.attn.k_proj": "colwise",
     "*layers.*.attn.v_proj": "colwise",
