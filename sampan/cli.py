@@ -71,7 +71,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     config = RunConfig.from_file(args.config, _parse_overrides(args.set))
     trainer, vocab = run(config)
-    final = trainer.model.save_pretrained(f"{config.training.output_dir}/model")
+    final = trainer.save_pretrained(f"{config.training.output_dir}/model")
+    if not trainer.is_main:  # under `sampan launch`: rank 0 reports for the job
+        return 0
     if vocab is not None:
         vocab.save(final / "vocab.json")
     png = plot_curves(config.training.output_dir)

@@ -66,9 +66,14 @@ CASES = {
 }
 
 
+# Layouts beyond the issue's list run for GPT only, to keep the suite's time in bounds; ERNIE runs
+# every layout the issue names.
+GPT_ONLY = {"dp2-accumulate2", "dp2xsharding2-stage3", "dp2xmp2-sequence-parallel", "dp2xpp2"}
+
+
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("family", ["gpt", "ernie"])
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize(("case", "family"), [(case, family) for case in sorted(CASES) for family in ("gpt", "ernie")
+                                              if family == "gpt" or case not in GPT_ONLY])
 def test_strategy_matches_one_process(case, family, reference, tmp_path):
     nproc, args = CASES[case]
     out = tmp_path / "losses.json"
@@ -78,11 +83,13 @@ def test_strategy_matches_one_process(case, family, reference, tmp_path):
 
 
 @pytest.mark.timeout(420)
-def test_dp2_mp2_pp2_on_8_ranks(reference, tmp_path):
+@pytest.mark.parametrize("family", ["gpt", "ernie"])
+def test_dp2_mp2_pp2_on_8_ranks(family, reference, tmp_path):
     out = tmp_path / "losses.json"
-    run = _torchrun(8, out, "--dp", "2", "--mp", "2", "--pp", "2", "--accumulate", "2", timeout=400)
+    run = _torchrun(8, out, "--family", family, "--dp", "2", "--mp", "2", "--pp", "2", "--accumulate", "2",
+                    timeout=400)
     assert run.returncode == 0, run.stderr[-3000:]
-    _assert_close(_losses(out), reference["gpt"])
+    _assert_close(_losses(out), reference[family])
 
 
 @pytest.mark.timeout(120)

@@ -79,6 +79,15 @@ def test_trainer_with_a_strategy_matches_one_process(one_process, dp2_mp2):
     checkpoint = dp2_mp2 / "checkpoint-00000003"
     assert (checkpoint / ".metadata").is_file()
     assert verify_checkpoint(checkpoint) == []  # DCP shards + trainer state under one manifest
+    # save_pretrained wrote the whole model from the split one: it is the final checkpoint's.
+    import torch
+
+    from sampan.models import GPTForCausalLM
+
+    saved = GPTForCausalLM.from_pretrained(dp2_mp2 / "model").state_dict()
+    final = _final_parameters(dp2_mp2)
+    assert sorted(saved) == sorted(final)
+    assert all(torch.equal(saved[name], final[name]) for name in final)
 
 
 @pytest.mark.timeout(300)
@@ -101,9 +110,6 @@ def test_killed_rank_restarts_the_group_which_resumes_and_ends_bit_identical(dp2
     exactly the parameters of the uninterrupted dp2 x mp2 run."""
     import torch
 
-    from sampan.distributed.checkpoint import load_distributed
-    from sampan.models import create
-
     out = tmp_path / "killed"
     run = subprocess.run([sys.executable, "-m", "sampan.cli", "launch", "--nproc_per_node", "4", "--max_restarts", "1",
                           str(SCRIPT), str(out), "--batch", "4", "--strategy", DP2_MP2, "--resume", "auto",
@@ -114,16 +120,20 @@ def test_killed_rank_restarts_the_group_which_resumes_and_ends_bit_identical(dp2
     assert f"resumed from {out / 'checkpoint-00000003'} at step 3" in run.stdout
     assert _metrics(out) == _metrics(dp2_mp2)  # metrics.jsonl was cut back to step 3, then rewritten
 
-    def final_parameters(run_dir: Path) -> dict[str, torch.Tensor]:
-        model = create("gpt-tiny", vocab_size=64, hidden_size=32, num_layers=4, num_heads=4,
-                       max_position_embeddings=16)
-        load_distributed(run_dir / "checkpoint-00000006", model)
-        return model.state_dict()
-
-    want, have = final_parameters(dp2_mp2), final_parameters(out)
+    want, have = _final_parameters(dp2_mp2), _final_parameters(out)
     assert sorted(have) == sorted(want)
     for name, tensor in want.items():
         assert torch.equal(have[name], tensor), name
+
+
+def _final_parameters(run_dir: Path) -> dict:
+    """The parameters of a run's step-6 checkpoint, loaded into one unsplit model."""
+    from sampan.distributed.checkpoint import load_distributed
+    from sampan.models import create
+
+    model = create("gpt-tiny", vocab_size=64, hidden_size=32, num_layers=4, num_heads=4, max_position_embeddings=16)
+    load_distributed(run_dir / "checkpoint-00000006", model)
+    return model.state_dict()
 
 
 def test_strategy_is_validated_with_the_arguments():

@@ -147,10 +147,12 @@ def _write_rank0_files(tmp: Path, extra, components, step) -> None:
     fsync_dir(tmp)
 
 
-def load_distributed(path: str | os.PathLike, model: nn.Module, optimizer=None) -> dict[str, Any]:
+def load_distributed(path: str | os.PathLike, model: nn.Module, optimizer=None,
+                     no_dist: bool = False) -> dict[str, Any]:
     """Load ``path`` into ``model`` (and ``optimizer``) at whatever layout they have now.
 
-    Returns the ``extra`` dict saved with it ({} when there was none).
+    ``no_dist``: this rank alone loads a whole, unsplit model (no collectives with the others),
+    e.g. rank 0 exporting a trained model. Returns the ``extra`` dict saved with it.
     """
     path = Path(path)
     if not (path / ".metadata").is_file():
@@ -158,7 +160,7 @@ def load_distributed(path: str | os.PathLike, model: nn.Module, optimizer=None) 
                                 "pass a directory written by save_distributed")
     target = _Target(model, optimizer)
     state = target.state()
-    dcp.load(state, checkpoint_id=str(path))
+    dcp.load(state, checkpoint_id=str(path), no_dist=no_dist)
     target.load(state)
     saved = json.loads((path / EXTRA_FILE).read_text())
     if optimizer is not None and saved["lr"] is not None:

@@ -17,6 +17,7 @@ and ``amp`` feed the strategy's; setting both sides differently is an error.
 
 from __future__ import annotations
 
+import copy
 import warnings
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,9 @@ class FleetBackend:
 
     def wrap(self, model: nn.Module, optimizer) -> tuple[nn.Module, Any]:
         """Split ``model`` by the strategy and point ``optimizer`` at the split parameters."""
+        config = getattr(model, "config", None)
+        # How to build the unsplit model again (for save_pretrained): its class and a copy of its config.
+        self._rebuild = (type(model), copy.deepcopy(config)) if hasattr(model, "save_pretrained") else None
         self.model = self.fleet.distributed_model(model)
         self.optimizer = self.fleet.distributed_optimizer(optimizer)
         return self.model, self.optimizer
@@ -137,6 +141,24 @@ class FleetBackend:
         return float(self.model.eval_batch(self.fleet.shard_batch(global_batch)))
 
     # -- checkpoints ---------------------------------------------------------------------------
+    def save_pretrained(self, checkpoint: Path, directory: Path) -> Path:
+        """The whole model, unsplit, as ``save_pretrained`` writes it, from a checkpoint of this run.
+
+        Rank 0 builds the model afresh and loads the DCP shards into it without collectives
+        (a distributed checkpoint holds every slice); the other ranks wait.
+        """
+        if self._rebuild is None:
+            raise ValueError("save_pretrained needs a sampan model (with save_pretrained); this run's model has none")
+        directory = Path(directory)
+        if self.is_main:
+            cls, config = self._rebuild
+            with torch.device("cpu"):
+                model = cls(config)
+            load_distributed(checkpoint, model, no_dist=True)
+            model.save_pretrained(directory)
+        self.barrier()
+        return directory
+
     def save(self, output_dir: Path, step: int, trainer_state: dict[str, Any]) -> Path:
         """Shards of every rank + rank 0's trainer state (with every rank's RNG) + manifest."""
         rngs: list[Any] = [None] * self.world_size

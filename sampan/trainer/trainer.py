@@ -31,6 +31,7 @@ from sampan.checkpoint import (
     restore_rng_state,
     save_checkpoint,
 )
+from sampan.checkpoint.discovery import checkpoint_dir_name
 from sampan.checkpoint.store import rotate_checkpoints
 from sampan.io import DataLoader
 from sampan.optimizer import AdamW
@@ -209,6 +210,17 @@ class Trainer:
         for cb in self.callbacks:
             cb.on_save(self.args, self.state, path)
         return path
+
+    def save_pretrained(self, directory: str | Path) -> Path:
+        """Write the trained model, whole, with its ``save_pretrained`` (config.json + safetensors).
+
+        With a strategy every rank calls it; rank 0 rebuilds the unsplit model from the newest
+        checkpoint of this run (``train()`` always ends with one) and writes it.
+        """
+        if self.fleet is None:
+            return self.model.save_pretrained(directory)
+        checkpoint = self.output_dir / checkpoint_dir_name(self.state.global_step)
+        return self.fleet.save_pretrained(checkpoint, Path(directory))
 
     def _resume(self) -> Path | None:
         path = resolve_resume(self.output_dir, self.args.resume_from_checkpoint)

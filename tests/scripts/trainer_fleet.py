@@ -70,6 +70,7 @@ def main() -> None:
     callbacks = [KillAt(args.kill_rank, args.kill_step)] if args.kill_rank >= 0 else []
     trainer = Trainer(model, training, train, eval_dataset=evaluation, callbacks=callbacks)
     trainer.train()
+    trainer.save_pretrained(f"{args.output_dir}/model")  # the whole model, whatever the layout
     if trainer.fleet is not None:
         from sampan.distributed.env import shutdown
 
