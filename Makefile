@@ -41,6 +41,7 @@ demo: setup
 bench: setup
 	$(BIN)/python benchmarks/model_step.py
 	$(BIN)/python benchmarks/trainer.py
+	$(BIN)/python benchmarks/hybrid_parallel.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

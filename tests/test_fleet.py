@@ -33,7 +33,7 @@ def _losses(out: Path) -> list[float]:
 def reference(tmp_path_factory) -> dict[str, list[float]]:
     """One-process losses per model family (no fleet, no process group)."""
     out = {}
-    for family in ("gpt", "ernie"):
+    for family in ("gpt", "ernie", "custom"):
         path = tmp_path_factory.mktemp("ref") / f"{family}.json"
         subprocess.run([sys.executable, str(SCRIPT), str(path), "--family", family], check=True, env=ENV,
                        timeout=120, capture_output=True)
@@ -80,6 +80,16 @@ def test_strategy_matches_one_process(case, family, reference, tmp_path):
     run = _torchrun(nproc, out, "--family", family, *args)
     assert run.returncode == 0, run.stderr[-3000:]
     _assert_close(_losses(out), reference[family])
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("nproc", "args"), [(2, ["--mp", "2"]), (4, ["--dp", "2", "--pp", "2", "--accumulate", "2"])])
+def test_users_own_model_with_its_own_tp_plan_and_pipeline_split(nproc, args, reference, tmp_path):
+    """A plain torch module sampan knows nothing about, split by the plan and PipelineParts it brings."""
+    out = tmp_path / "losses.json"
+    run = _torchrun(nproc, out, "--family", "custom", *args)
+    assert run.returncode == 0, run.stderr[-3000:]
+    _assert_close(_losses(out), reference["custom"])
 
 
 @pytest.mark.timeout(420)

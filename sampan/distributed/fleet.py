@@ -30,7 +30,7 @@ from sampan.distributed.sharding import apply_sharding
 from sampan.distributed.strategy import DistributedStrategy
 from sampan.distributed.tensor_parallel import apply_tensor_parallel, uses_loss_parallel
 from sampan.distributed.topology import HybridCommunicateGroup
-from sampan.models.parallel_plans import pipeline_parts, tensor_parallel_plan
+from sampan.models.parallel_plans import PipelineParts, pipeline_parts, tensor_parallel_plan
 from sampan.nn.clip import ClipGradByGlobalNorm
 from sampan.trainer.recompute import apply_recompute
 
@@ -70,11 +70,14 @@ class Fleet:
     def worker_num(self) -> int:
         return dist.get_world_size() if dist.is_initialized() else env.world_size()
 
-    def distributed_model(self, model: nn.Module, tp_plan: dict[str, str] | None = None) -> DistributedModel:
+    def distributed_model(self, model: nn.Module, tp_plan: dict[str, str] | None = None,
+                          pipeline_parts: PipelineParts | None = None) -> DistributedModel:
         """Split ``model`` as the strategy says: tensor parallel, recompute, then dp / sharding.
 
-        ``tp_plan`` (module-name pattern -> "colwise" | "rowwise" | "vocab") splits a model sampan
-        doesn't know; sampan's own GPT and ERNIE have plans already.
+        A model sampan doesn't know brings its own split: ``tp_plan`` (module-name pattern ->
+        "colwise" | "rowwise" | "vocab" | "shared_input") for mp > 1, ``pipeline_parts`` (a
+        ``PipelineParts``: embeddings, layers, norm, head, loss) for pp > 1. sampan's own GPT and
+        ERNIE have both already.
         """
         hcg = self._require_init()
         strategy = self.strategy
@@ -83,7 +86,7 @@ class Fleet:
         if config is not None and hasattr(config, "num_heads"):
             strategy.validate_for_model(config.num_heads, config.num_layers, config.vocab_size, degrees)
         if degrees["pp"] > 1:
-            return self._distributed_pipeline_model(model, tp_plan)
+            return self._distributed_pipeline_model(model, tp_plan, pipeline_parts)
         old = {id(p): name for name, p in model.named_parameters(remove_duplicate=False)}
         loss_parallel = False
         if degrees["mp"] > 1:
@@ -106,14 +109,16 @@ class Fleet:
         self._param_map = {pid: new[name] for pid, name in old.items() if name in new}
         return DistributedModel(model, hcg, strategy, loss_parallel)
 
-    def _distributed_pipeline_model(self, model: nn.Module, tp_plan: dict[str, str] | None) -> DistributedModel:
+    def _distributed_pipeline_model(self, model: nn.Module, tp_plan: dict[str, str] | None,
+                                    parts: PipelineParts | None) -> DistributedModel:
         """pp > 1: keep only this rank's stages, then tensor parallel, recompute and sharding per stage."""
         hcg, strategy = self.hcg, self.strategy
         degrees = hcg.degrees
-        parts = pipeline_parts(model)
+        parts = parts if parts is not None else pipeline_parts(model)
         if parts is None:
-            raise ValueError(f"pp_degree {degrees['pp']} needs pipeline split points for {type(model).__name__}; "
-                             "sampan knows GPTForCausalLM and ErnieForMaskedLM")
+            raise ValueError(f"pp_degree {degrees['pp']} needs pipeline split points for {type(model).__name__}: pass "
+                             "pipeline_parts=PipelineParts(embeddings, layers, norm, lm_head, loss) "
+                             "(sampan's GPTForCausalLM and ErnieForMaskedLM have theirs)")
         tied = {id(p) for p in parts.embeddings.parameters()} & {id(p) for p in parts.lm_head.parameters()}
         pipe = strategy.pipeline_configs
         virtual = pipe.virtual_pp_degree
@@ -189,5 +194,5 @@ worker_index = _default.worker_index
 worker_num = _default.worker_num
 shard_batch = _default.shard_batch
 
-__all__ = ["DistributedStrategy", "Fleet", "distributed_model", "distributed_optimizer",
+__all__ = ["DistributedStrategy", "Fleet", "PipelineParts", "distributed_model", "distributed_optimizer",
            "get_hybrid_communicate_group", "init", "shard_batch", "worker_index", "worker_num"]

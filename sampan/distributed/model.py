@@ -65,7 +65,10 @@ class DistributedModel(nn.Module):
         if unknown:
             raise ValueError(f"pipeline-parallel batches hold input_ids and labels only; got also {unknown}")
         labels = batch["labels"]
-        local = self.loss_token_count(labels) if self.loss_token_count is not None else labels.numel()
+        if self.loss_token_count is not None:
+            local = self.loss_token_count(labels)
+        else:  # a model of the user's: count what the last stage's loss averages
+            local = (labels[:, 1:] if self._pipeline.loss_kind == "causal_lm" else labels).ne(-100).sum()
         global_count = self._sum_over_data_ranks(torch.as_tensor(local, dtype=torch.float64))
         if not global_count > 0:
             raise ValueError("the global batch has no labelled tokens (all labels are -100): nothing to learn from")

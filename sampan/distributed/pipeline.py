@@ -37,13 +37,13 @@ class StageModule(nn.Module):
         self.layers = nn.ModuleList(parts.layers[first:last])
         self.norm = parts.norm if is_last else None
         self.lm_head = parts.lm_head if is_last else None
-        self.causal = parts.causal
+        self.block_args = parts.block_args
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.embeddings is not None:
             x = self.embeddings(x)
         for layer in self.layers:
-            x = layer(x, None, self.causal)
+            x = layer(x, *self.block_args)
         if self.norm is not None:
             x = self.norm(x)
         if self.lm_head is not None:

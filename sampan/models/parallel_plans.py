@@ -50,29 +50,47 @@ def tensor_parallel_plan(model: nn.Module) -> dict[str, str] | None:
     return None
 
 
+LOSSES = ("causal_lm", "token")
+
+
 @dataclasses.dataclass
 class PipelineParts:
     """Where a model cuts into pipeline stages: embeddings on the first, the layer list split in
-    order across stages, then the final norm and output head on the last.
+    order across stages, then the final norm and output head on the last. Pass one to
+    ``fleet.distributed_model(model, pipeline_parts=...)`` to pipeline a model of your own.
 
-    ``loss`` names the loss the last stage computes from the head's logits: "causal_lm" (next
-    token, shifted) or "token" (per position, -100 ignored).
+    Fields:
+        embeddings: token ids -> hidden states (first stage).
+        layers: the blocks, each ``layer(x, *block_args) -> x``, cut in order across the stages.
+        norm: applied after the last block (last stage), or None.
+        lm_head: hidden states -> logits (last stage).
+        loss: what the last stage computes from the logits and the labels: "causal_lm" (next
+            token: logits[:, :-1] against labels[:, 1:]) or "token" (each position); mean
+            cross-entropy over labels that are not -100.
+        block_args: extra positional arguments after ``x`` for every layer (sampan's blocks take
+            ``(attention_mask, is_causal)``).
     """
 
     embeddings: nn.Module
     layers: nn.ModuleList
     norm: nn.Module | None
     lm_head: nn.Module
-    causal: bool
     loss: str
+    block_args: tuple = ()
+
+    def __post_init__(self) -> None:
+        if self.loss not in LOSSES:
+            raise ValueError(f"PipelineParts.loss must be one of {list(LOSSES)}, got {self.loss!r}")
+        if not isinstance(self.layers, nn.ModuleList) or len(self.layers) == 0:
+            raise ValueError("PipelineParts.layers must be a non-empty nn.ModuleList (the blocks to cut into stages)")
 
 
 def pipeline_parts(model: nn.Module) -> PipelineParts | None:
     """The pipeline split of a sampan language model, or None for a model sampan doesn't know."""
     if isinstance(model, GPTForCausalLM):
         return PipelineParts(model.gpt.embeddings, model.gpt.layers, model.gpt.norm, model.lm_head,
-                             causal=True, loss="causal_lm")
+                             loss="causal_lm", block_args=(None, True))
     if isinstance(model, ErnieForMaskedLM):
         return PipelineParts(model.ernie.embeddings, model.ernie.layers, None, model.lm_head,
-                             causal=False, loss="token")
+                             loss="token", block_args=(None, False))
     return None

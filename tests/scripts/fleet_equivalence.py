@@ -22,8 +22,46 @@ from sampan.models import create
 STEPS = 5
 
 
+class Block(torch.nn.Module):
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(hidden, 4 * hidden), torch.nn.Linear(4 * hidden, hidden)
+
+    def forward(self, x):
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(x)))
+
+
+class UserTagger(torch.nn.Module):
+    """A model sampan knows nothing about: it brings its own tensor-parallel plan and pipeline split."""
+
+    TP_PLAN = {"blocks.*.fc1": "colwise", "blocks.*.fc2": "rowwise"}
+
+    def __init__(self, vocab: int = 64, hidden: int = 32, layers: int = 4):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, hidden)
+        self.blocks = torch.nn.ModuleList(Block(hidden) for _ in range(layers))
+        self.norm = torch.nn.LayerNorm(hidden)
+        self.head = torch.nn.Linear(hidden, vocab)
+
+    def forward(self, input_ids, labels=None):
+        x = self.embed(input_ids)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.norm(x))
+        if labels is None:
+            return logits
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+
+    def pipeline_parts(self):
+        from sampan.distributed.fleet import PipelineParts
+
+        return PipelineParts(self.embed, self.blocks, self.norm, self.head, loss="token")
+
+
 def make_model(family: str):
     torch.manual_seed(0)
+    if family == "custom":
+        return UserTagger()
     if family == "gpt":
         return create("gpt-tiny", vocab_size=64, hidden_size=32, num_layers=4, num_heads=4,
                       max_position_embeddings=16)
@@ -37,6 +75,8 @@ def batches(family: str, global_batch: int = 8, seq: int = 16):
         ids = torch.randint(1, 64, (global_batch, seq), generator=gen)
         if family == "gpt":
             yield {"input_ids": ids, "labels": ids}
+        elif family == "custom":  # tag each token with its successor's id (a token-level loss)
+            yield {"input_ids": ids, "labels": torch.roll(ids, -1, dims=1)}
         else:
             masked = torch.rand(global_batch, seq, generator=gen) < 0.3
             masked[:, 0] = True  # every row predicts something, so each shard's loss is defined
@@ -47,7 +87,7 @@ def batches(family: str, global_batch: int = 8, seq: int = 16):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
-    parser.add_argument("--family", choices=["gpt", "ernie"], default="gpt")
+    parser.add_argument("--family", choices=["gpt", "ernie", "custom"], default="gpt")
     for axis in ("dp", "mp", "pp", "sharding"):
         parser.add_argument(f"--{axis}", type=int, default=1)
     parser.add_argument("--stage", type=int, default=1)
@@ -93,7 +133,8 @@ def main() -> None:
                                      "virtual_pp_degree": args.vpp}
         strategy.tensor_parallel_configs = {"sequence_parallel": args.sp}
         fleet.init(is_collective=True, strategy=strategy)
-        dmodel = fleet.distributed_model(model)
+        own = {"tp_plan": model.TP_PLAN, "pipeline_parts": model.pipeline_parts()} if args.family == "custom" else {}
+        dmodel = fleet.distributed_model(model, **own)
         optimizer = fleet.distributed_optimizer(optimizer)
         if args.resume_from:
             first = load_distributed(args.resume_from, dmodel, optimizer)["step"]
