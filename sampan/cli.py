@@ -109,6 +109,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from sampan.planner.command import run
+
+    return run(args)
+
+
 def _cmd_launch(args: argparse.Namespace) -> int:
     from sampan.distributed.launch import LaunchConfig, launch
 
@@ -316,6 +322,19 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS",
                         help="passed through to the script")
     launch.set_defaults(func=_cmd_launch)
+
+    plan = verbs.add_parser(
+        "plan", help="choose dp / mp / pp / sharding / micro-batch / recompute for a model on a cluster (on paper)",
+        description="Search every valid hybrid-parallel layout of a model on N GPUs, predict memory per GPU and step "
+                    "time from closed forms (ZeRO state, Korthikanti activations, alpha-beta collectives, pipeline "
+                    "bubble), and rank them. --fix prices one layout; --write-strategy writes a run file for "
+                    "`sampan train`. Formulas and their validation: docs/planner.md.",
+        epilog="example:  sampan plan --model gpt-175b --gpus 1024 --hardware a100-80g --seq-len 2048 "
+               "--global-batch 1536 --top 10")
+    from sampan.planner.command import add_arguments as _plan_arguments
+
+    _plan_arguments(plan)
+    plan.set_defaults(func=_cmd_plan)
 
     bench = verbs.add_parser("bench", help="benchmarks of this machine (bench comm: collective bandwidth)",
                              description="Measure this machine. `sampan bench comm` times collectives.")

@@ -1,0 +1,98 @@
+"""The ``sampan plan`` verb: arguments in, a table / JSON / run file out."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from sampan.planner.hardware import PRESETS, get_hardware
+from sampan.planner.layout import Workload, parse_fix
+from sampan.planner.model_shape import load_model
+from sampan.planner.report import print_table, run_file_text, to_json, write_run_file
+from sampan.planner.search import check_inputs, evaluate, search
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    what = parser.add_argument_group("model and workload")
+    what.add_argument("--model", default=None, help="a name from `sampan models` (e.g. gpt-175b) or a config file "
+                                                    "(config.json, or a run file's [model] table)")
+    what.add_argument("--model-shape", default=None, metavar="layers=..,hidden=..,heads=..,vocab=..",
+                      help="an inline GPT shape instead of --model (optional ffn=, max_positions=, tied=)")
+    what.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence (default: 2048)")
+    what.add_argument("--global-batch", type=int, default=1536, help="sequences per optimizer step (default: 1536)")
+    what.add_argument("--fp32", action="store_true", help="plan fp32 training instead of bf16 autocast")
+    hw = parser.add_argument_group("cluster (a preset, and/or explicit numbers that override it)")
+    hw.add_argument("--gpus", type=int, required=True, help="total GPUs")
+    hw.add_argument("--hardware", default=None, choices=sorted(PRESETS),
+                    help="preset (default: a100-80g): a100-80g, h100-80g, h200")
+    hw.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (preset: 8)")
+    hw.add_argument("--gpu-memory-gb", type=float, default=None, help="memory per GPU in GB")
+    hw.add_argument("--gpu-tflops", type=float, default=None, help="peak dense bf16 TFLOP/s per GPU")
+    hw.add_argument("--intra-node-gbps", type=float, default=None,
+                    help="NVLink GB/s per GPU, both directions summed (A100 600, H100 900)")
+    hw.add_argument("--inter-node-gbps", type=float, default=None,
+                    help="network Gb/s per GPU, one direction (HDR 200, NDR 400)")
+    hw.add_argument("--matmul-efficiency", type=float, default=None,
+                    help="share of peak the matmuls reach (calibrated default: see docs/planner.md)")
+    out = parser.add_argument_group("output")
+    out.add_argument("--fix", default=None, metavar="dp=..,mp=..,pp=..,sharding=..,micro_batch=..,recompute=..,"
+                                                    "schedule=..,vpp=..",
+                     help="evaluate this one layout instead of searching (missing dp takes the leftover GPUs; "
+                          "also stage=, sp=, num_micro=)")
+    out.add_argument("--top", type=int, default=10, help="rows to show (default: 10)")
+    out.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    out.add_argument("--write-strategy", default=None, metavar="FILE",
+                     help="write the best (or --fix) layout as a run file `sampan train --config` accepts")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.top < 1:
+        raise ValueError(f"--top must be >= 1, got {args.top}")
+    model = load_model(args.model, args.model_shape)
+    hw = get_hardware(args.hardware, gpus_per_node=args.gpus_per_node, memory_gb=args.gpu_memory_gb,
+                      tflops=args.gpu_tflops, intra_node_gbps=args.intra_node_gbps,
+                      inter_node_gbps=args.inter_node_gbps, matmul_efficiency=args.matmul_efficiency)
+    work = Workload(args.seq_len, args.global_batch, None if args.fp32 else "bf16")
+    result = None
+    if args.fix is not None:
+        check_inputs(model, args.gpus, work, hw)
+        layout = parse_fix(args.fix, args.gpus, work)
+        _check_fixed(model, layout)
+        plans = [evaluate(model, layout, work, hw)]
+    else:
+        result = search(model, args.gpus, work, hw, top=args.top)
+        plans = result.plans
+        if not plans:
+            need = result.best_unfitting
+            msg = f"no layout of {model.name} fits in {hw.memory_gb:g} GB per GPU on {args.gpus} GPUs"
+            if need is not None:
+                msg += (f"; the leanest ({need.layout.label()}, recompute {need.layout.recompute}, micro-batch "
+                        f"{need.layout.micro_batch}) needs {need.memory.total / 1e9:.1f} GB: add GPUs or memory")
+            raise ValueError(msg)
+    if args.json:
+        print(json.dumps(to_json(model, hw, work, args.gpus, plans, result), indent=2))
+    else:
+        print_table(model, hw, work, args.gpus, plans, result)
+    if args.write_strategy:
+        from sampan.models import list_models
+
+        name = args.model if args.model in list_models() else None
+        path = write_run_file(args.write_strategy, run_file_text(model, name, work, plans[0]))
+        if not args.json:
+            print(f"wrote {path} (sampan train --config {path})")
+    return 0
+
+
+def _check_fixed(model, layout) -> None:
+    """What sampan would refuse for a --fix layout, said before pricing it."""
+    problems = []
+    if model.heads % layout.mp:
+        problems.append(f"mp {layout.mp} does not divide the {model.heads} heads")
+    if model.layers < layout.pp * layout.vpp:
+        problems.append(f"pp x vpp = {layout.pp * layout.vpp} exceeds the {model.layers} layers")
+    if layout.pp > 1 and layout.num_micro < layout.pp:
+        problems.append(f"{layout.num_micro} micro-batches are fewer than pp {layout.pp} stages")
+    if layout.sp and layout.pp > 1:
+        problems.append("sequence parallel with pipeline stages is not supported by sampan yet")
+    if problems:
+        raise ValueError("--fix layout is not valid: " + "; ".join(problems))

@@ -1,0 +1,145 @@
+"""One candidate layout: the degrees, the micro-batching, recompute and the pipeline schedule."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from sampan.distributed.strategy import RECOMPUTE_MODES, SCHEDULE_MODES, DistributedStrategy
+
+SCHEDULE_NAMES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B", "interleaved1f1b": "Interleaved1F1B",
+                  "gpipe": "GPipe", "fthenb": "GPipe"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """What one optimizer step trains: ``global_batch`` sequences of ``seq_len`` tokens."""
+
+    seq_len: int = 2048
+    global_batch: int = 1536
+    amp: str | None = "bf16"
+    """"bf16" (autocast over fp32 parameters, as sampan's AMP does) or None (fp32)."""
+
+    def __post_init__(self) -> None:
+        for name in ("seq_len", "global_batch"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
+        if self.amp not in (None, "bf16"):
+            raise ValueError(f"amp must be 'bf16' or None, got {self.amp!r}")
+
+    @property
+    def tokens(self) -> int:
+        return self.seq_len * self.global_batch
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """dp x sharding x pp x mp ranks; ``num_micro`` micro-batches of ``micro_batch`` sequences per
+    data-parallel rank and step."""
+
+    dp: int = 1
+    mp: int = 1
+    pp: int = 1
+    sharding: int = 1
+    stage: int = 1
+    micro_batch: int = 1
+    num_micro: int = 1
+    recompute: str = "none"
+    schedule: str = "1F1B"
+    vpp: int = 1
+    sp: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "mp", "pp", "sharding", "micro_batch", "num_micro", "vpp"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"layout {name} must be an integer >= 1, got {value!r}")
+        if self.stage not in (1, 2, 3):
+            raise ValueError(f"layout sharding stage must be 1, 2 or 3, got {self.stage!r}")
+        if self.recompute not in RECOMPUTE_MODES:
+            raise ValueError(f"recompute must be one of {list(RECOMPUTE_MODES)}, got {self.recompute!r}")
+        if self.schedule not in SCHEDULE_MODES:
+            raise ValueError(f"schedule must be one of {list(SCHEDULE_MODES)} (or 1f1b / interleaved / gpipe), "
+                             f"got {self.schedule!r}")
+        if (self.schedule == "Interleaved1F1B") != (self.vpp >= 2):
+            raise ValueError(f"schedule {self.schedule} with vpp={self.vpp}: the interleaved schedule needs vpp >= 2, "
+                             "the others vpp = 1")
+
+    @property
+    def gpus(self) -> int:
+        return self.dp * self.sharding * self.pp * self.mp
+
+    @property
+    def data_ranks(self) -> int:
+        return self.dp * self.sharding
+
+    def label(self) -> str:
+        parts = [f"dp{self.dp}", f"sh{self.sharding}" + (f"/z{self.stage}" if self.sharding > 1 else ""),
+                 f"pp{self.pp}", f"mp{self.mp}" + ("+sp" if self.sp else "")]
+        return " ".join(parts)
+
+    def schedule_label(self) -> str:
+        if self.pp == 1:
+            return "-"
+        return f"interleaved v{self.vpp}" if self.vpp > 1 else self.schedule
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_strategy(self, amp: str | None = "bf16") -> DistributedStrategy:
+        """The ``DistributedStrategy`` that runs this layout in sampan."""
+        return DistributedStrategy(
+            hybrid_configs={"dp_degree": self.dp, "mp_degree": self.mp, "pp_degree": self.pp,
+                            "sharding_degree": self.sharding},
+            sharding_configs={"stage": self.stage},
+            pipeline_configs={"accumulate_steps": self.num_micro, "micro_batch_size": self.micro_batch,
+                              "schedule_mode": self.schedule, "virtual_pp_degree": self.vpp},
+            tensor_parallel_configs={"sequence_parallel": self.sp},
+            recompute=self.recompute, amp=amp)
+
+
+def parse_fix(text: str, gpus: int, workload: Workload) -> Layout:
+    """``--fix dp=1,mp=8,pp=8,sharding=1,micro_batch=1,recompute=full,schedule=interleaved,vpp=2``.
+
+    Missing degrees: ``dp`` takes the GPUs the others leave; ``num_micro`` follows from the global
+    batch; ``stage`` defaults to 1, ``schedule`` to 1F1B (interleaved when vpp >= 2).
+    """
+    ints = ("dp", "mp", "pp", "sharding", "stage", "micro_batch", "num_micro", "vpp")
+    allowed = (*ints, "recompute", "schedule", "sp")
+    given: dict = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        key, value = key.strip().replace("-", "_"), value.strip()
+        if not sep or key not in allowed:
+            raise ValueError(f"--fix part {part!r} must be KEY=VALUE with KEY one of {list(allowed)}")
+        if key in ints:
+            try:
+                given[key] = int(value)
+            except ValueError:
+                raise ValueError(f"--fix {key}={value!r} must be an integer") from None
+        elif key == "sp":
+            given[key] = value.lower() in ("1", "true", "yes", "on")
+        elif key == "schedule":
+            given[key] = SCHEDULE_NAMES.get(value.lower(), value)
+        else:
+            given[key] = value
+    if given.get("vpp", 1) >= 2:
+        given.setdefault("schedule", "Interleaved1F1B")
+    others = given.get("mp", 1) * given.get("pp", 1) * given.get("sharding", 1)
+    if "dp" not in given:
+        if gpus % others:
+            raise ValueError(f"--fix: mp x pp x sharding = {others} does not divide --gpus {gpus}")
+        given["dp"] = gpus // others
+    if given["dp"] * others != gpus:
+        raise ValueError(f"--fix: dp x mp x pp x sharding = {given['dp'] * others}, but --gpus is {gpus}")
+    data_ranks = given["dp"] * given.get("sharding", 1)
+    mb = given.get("micro_batch", 1)
+    if "num_micro" not in given:
+        if workload.global_batch % (data_ranks * mb):
+            raise ValueError(f"--fix: the global batch {workload.global_batch} does not split into data ranks "
+                             f"({data_ranks}) x micro_batch ({mb})")
+        given["num_micro"] = workload.global_batch // (data_ranks * mb)
+    elif given["num_micro"] * data_ranks * mb != workload.global_batch:
+        raise ValueError(f"--fix: num_micro x micro_batch x data ranks = {given['num_micro'] * data_ranks * mb}, "
+                         f"but the global batch is {workload.global_batch}")
+    return Layout(**given)

@@ -1,0 +1,149 @@
+"""What ``sampan plan`` prints and writes: a rich table, JSON, and a run file for ``sampan train``."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from sampan.planner.hardware import Hardware
+from sampan.planner.layout import Workload
+from sampan.planner.model_shape import ModelShape
+from sampan.planner.search import Plan, SearchResult
+
+
+def _gb(nbytes: float) -> str:
+    return f"{nbytes / 1e9:.1f}"
+
+
+def plan_row(plan: Plan) -> dict[str, Any]:
+    """The table's columns for one plan, as plain values (JSON's ``rows``)."""
+    lay = plan.layout
+    return {"dp": lay.dp, "sharding": lay.sharding, "zero_stage": lay.stage if lay.sharding > 1 else None,
+            "pp": lay.pp, "mp": lay.mp, "sequence_parallel": lay.sp, "vpp": lay.vpp, "schedule": lay.schedule_label(),
+            "micro_batch": lay.micro_batch, "micro_batches": lay.num_micro, "recompute": lay.recompute,
+            "memory_gb": plan.memory.total / 1e9, "step_s": plan.time.total, "tokens_per_s": plan.tokens_per_s,
+            "mfu": plan.mfu, "bottleneck": plan.time.bottleneck, "fits": plan.fits}
+
+
+def to_json(model: ModelShape, hw: Hardware, work: Workload, gpus: int, plans: list[Plan],
+            result: SearchResult | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "model": model.to_dict(), "hardware": hw.__dict__ | {}, "gpus": gpus,
+        "workload": {"seq_len": work.seq_len, "global_batch": work.global_batch, "amp": work.amp,
+                     "tokens_per_step": work.tokens},
+        "rows": [plan_row(p) for p in plans], "plans": [p.to_dict() for p in plans]}
+    if result is not None:
+        out["search"] = {"considered": result.considered, "fitting": result.fitting, "seconds": result.seconds}
+    return out
+
+
+def print_table(model: ModelShape, hw: Hardware, work: Workload, gpus: int, plans: list[Plan],
+                result: SearchResult | None = None, console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console(width=max(Console().width, 150))  # a piped table stays readable
+    title = (f"{model.name} ({model.num_parameters / 1e9:.1f}B) on {gpus} x {hw.name} "
+             f"({hw.memory_gb:g} GB, {hw.tflops:g} TFLOP/s) · seq {work.seq_len} · global batch {work.global_batch}")
+    table = Table(title=title)
+    for col, justify in (("#", "right"), ("dp", "right"), ("shard", "right"), ("pp", "right"), ("mp", "right"),
+                         ("schedule", "left"), ("mb x n", "right"), ("recompute", "left"), ("mem GB/GPU", "right"),
+                         ("step s", "right"), ("tokens/s", "right"), ("MFU", "right"), ("bottleneck", "left")):
+        table.add_column(col, justify=justify)
+    for i, plan in enumerate(plans, 1):
+        lay = plan.layout
+        shard = f"{lay.sharding}" + (f" z{lay.stage}" if lay.sharding > 1 else "")
+        mem = _gb(plan.memory.total) if plan.fits else f"[red]{_gb(plan.memory.total)} (> {hw.memory_gb:g})[/red]"
+        table.add_row(str(i), str(lay.dp), shard, str(lay.pp), f"{lay.mp}{'+sp' if lay.sp else ''}",
+                      lay.schedule_label(), f"{lay.micro_batch} x {lay.num_micro}", lay.recompute, mem,
+                      f"{plan.time.total:.2f}", f"{plan.tokens_per_s:,.0f}", f"{plan.mfu:.1%}", plan.time.bottleneck)
+    console.print(table)
+    if result is not None:
+        console.print(f"{result.considered:,} valid layouts, {result.fitting:,} fit in memory, "
+                      f"searched in {result.seconds:.2f} s")
+    if plans:
+        best = plans[0]
+        m, t = best.memory, best.time
+        console.print(f"#1 memory/GPU: params {_gb(m.params)} + grads {_gb(m.grads)} + optimizer {_gb(m.optimizer)} + "
+                      f"activations {_gb(m.activations)} + buffers {_gb(m.buffers)} + reserved {_gb(m.reserved)} GB "
+                      f"(pipeline stage {m.stage})")
+        console.print(f"#1 step: compute {t.compute:.2f} + tensor-parallel {t.tensor_parallel:.2f} + bubble {t.bubble:.2f}"
+                      f" + p2p {t.pipeline_p2p:.2f} + data-parallel {t.data_parallel:.2f} + optimizer {t.optimizer:.2f} s")
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _toml_tables(data: dict[str, Any], prefix: str = "") -> list[str]:
+    lines, nested = [], []
+    for key, value in data.items():
+        if isinstance(value, dict):
+            nested.append((key, value))
+        elif value is not None:  # TOML has no null
+            lines.append(f"{key} = {_toml_value(value)}")
+    out = ([f"[{prefix}]"] if prefix and lines else []) + lines
+    for key, value in nested:
+        out += ([""] if out else []) + _toml_tables(value, f"{prefix}.{key}" if prefix else key)
+    return out
+
+
+def run_file_text(model: ModelShape, model_name: str | None, work: Workload, plan: Plan) -> str:
+    """A run file (``[model] [data] [training] [strategy]``) that ``sampan train --config`` accepts."""
+    lay = plan.layout
+    model_table: dict[str, Any] = {"name": model_name or "gpt-small"}
+    if model_name is None:  # an inline shape: a GPT with these fields
+        model_table |= {"num_layers": model.layers, "hidden_size": model.hidden, "num_heads": model.heads,
+                        "intermediate_size": model.ffn, "tie_word_embeddings": model.tied}
+    vocab = model.padded_vocab(lay.mp)
+    model_table["vocab_size"] = vocab
+    model_table["max_position_embeddings"] = max(work.seq_len, model.max_positions)
+    strategy = lay.to_strategy(work.amp).to_dict()
+    strategy["pipeline_configs"].pop("accumulate_steps")  # the Trainer's gradient_accumulation_steps sets it
+    strategy.pop("amp", None)  # [training] amp sets it
+    strategy.pop("recompute", None)  # [training] recompute sets it
+    doc = {
+        "model": model_table,
+        "data": {"corpus": "", "token_file": "data/train.bin", "token_dtype": "uint32" if vocab > 65535 else "uint16",
+                 "vocab_size": vocab, "seq_len": work.seq_len},
+        "training": {"output_dir": "outputs/plan", "max_steps": 1000,
+                     "per_device_train_batch_size": lay.micro_batch,
+                     "gradient_accumulation_steps": lay.num_micro, "amp": work.amp or "none",
+                     "recompute": lay.recompute},
+        "strategy": strategy,
+    }
+    header = [
+        f"# written by `sampan plan`: {lay.label()}, {lay.schedule_label()}, micro-batch {lay.micro_batch} x "
+        f"{lay.num_micro}, recompute {lay.recompute}",
+        f"# predicted: {plan.memory.total / 1e9:.1f} GB/GPU, {plan.time.total:.2f} s/step, "
+        f"{plan.tokens_per_s:,.0f} tokens/s, MFU {plan.mfu:.1%} on {lay.gpus} GPUs",
+        f"# run on {lay.gpus} GPUs: sampan launch --nnodes NODES --nproc_per_node GPUS_PER_NODE --rdzv_endpoint HOST:PORT "
+        "-m sampan.cli train --config THIS_FILE",
+        "# [data] token_file is a placeholder: point it at your token file (sampan data build).",
+    ]
+    if vocab != model.vocab:
+        header.append(f"# vocab_size padded from {model.vocab} to {vocab} so mp={lay.mp} divides it.")
+    return "\n".join(header + [""] + _toml_tables(doc)) + "\n"
+
+
+def write_run_file(path: str | Path, text: str) -> Path:
+    """Atomically write ``text`` (temp file + fsync + rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

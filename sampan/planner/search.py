@@ -1,0 +1,151 @@
+"""Every valid layout for a model on a cluster, priced and ranked.
+
+Valid means sampan can run it: dp x sharding x pp x mp equals the GPUs; mp divides the heads and
+fits in a node (tensor parallel all-reduces every block; across nodes it never wins); pp x vpp
+divides the layers; the micro-batch divides each data rank's share of the global batch; a pipeline
+gets at least pp micro-batches (the interleaved schedule a multiple of pp); sequence parallel only
+with mp > 1 and pp == 1 (sampan refuses it with pipelines). ZeRO stage 1 runs as stage 2 in
+sampan (FSDP2), so the search tries stages 2 and 3. The vocabulary is padded to a multiple of
+128 x mp when mp does not divide it (``--write-strategy`` writes the padded size).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time as _time
+from collections.abc import Iterator
+
+from sampan.planner.hardware import Hardware
+from sampan.planner.layout import Layout, Workload
+from sampan.planner.memory import Memory, memory
+from sampan.planner.model_shape import ModelShape
+from sampan.planner.time import StepTime, model_flops_per_step, step_time
+
+MAX_VPP = 8
+MAX_MICRO_BATCH = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A layout with its predicted memory and step time."""
+
+    layout: Layout
+    memory: Memory
+    time: StepTime
+    tokens_per_s: float
+    mfu: float
+    fits: bool
+
+    def to_dict(self) -> dict:
+        return {"layout": self.layout.to_dict(), "memory_bytes": self.memory.to_dict(),
+                "step_time_s": self.time.to_dict(), "tokens_per_s": self.tokens_per_s, "mfu": self.mfu,
+                "fits": self.fits, "bottleneck": self.time.bottleneck}
+
+
+def evaluate(model: ModelShape, layout: Layout, work: Workload, hw: Hardware, overlap: bool = True) -> Plan:
+    """Price one layout (no validity checks beyond the layout's own)."""
+    mem = memory(model, layout, work)
+    st = step_time(model, layout, work, hw, overlap)
+    tokens_per_s = work.tokens / st.total
+    mfu = model_flops_per_step(model, work) / st.total / (layout.gpus * hw.peak_flops)
+    return Plan(layout, mem, st, tokens_per_s, mfu, mem.total <= hw.memory_bytes)
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def check_inputs(model: ModelShape, gpus: int, work: Workload, hw: Hardware) -> None:
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
+        raise ValueError(f"--gpus must be an integer >= 1, got {gpus!r}")
+    if gpus > hw.gpus_per_node and gpus % hw.gpus_per_node:
+        raise ValueError(f"--gpus {gpus} is not a whole number of nodes of {hw.gpus_per_node} GPUs "
+                         "(--gpus-per-node); use a multiple of it")
+    if work.seq_len > model.max_positions and model.family != "shape":
+        pass  # planning a longer context than the config's table is allowed: positions are cheap
+
+
+def layouts(model: ModelShape, gpus: int, work: Workload, hw: Hardware) -> Iterator[Layout]:
+    """All valid layouts (see the module docstring)."""
+    for mp in divisors(gpus):
+        if model.heads % mp or mp > hw.gpus_per_node:
+            continue
+        for pp in divisors(gpus // mp):
+            if model.layers % pp:
+                continue
+            data = gpus // (mp * pp)
+            if work.global_batch % data:
+                continue
+            per_rank = work.global_batch // data
+            schedules = [("1F1B", 1)] if pp == 1 else [("1F1B", 1), ("GPipe", 1)] + [
+                ("Interleaved1F1B", v) for v in range(2, MAX_VPP + 1) if (model.layers // pp) % v == 0]
+            for sharding in divisors(data):
+                dp = data // sharding
+                stages = (1,) if sharding == 1 else (2, 3)
+                for mb in divisors(per_rank):
+                    if mb > MAX_MICRO_BATCH:
+                        break
+                    num_micro = per_rank // mb
+                    if pp > 1 and num_micro < pp:
+                        continue
+                    for schedule, vpp in schedules:
+                        if vpp > 1 and num_micro % pp:
+                            continue
+                        for sp in ((False, True) if (mp > 1 and pp == 1) else (False,)):
+                            for stage in stages:
+                                for recompute in ("none", "selective", "full"):
+                                    yield Layout(dp, mp, pp, sharding, stage, mb, num_micro, recompute, schedule,
+                                                 vpp, sp)
+
+
+@dataclasses.dataclass
+class SearchResult:
+    plans: list[Plan]
+    """The best ``top`` layouts that fit, fastest first."""
+    considered: int
+    fitting: int
+    seconds: float
+    best_unfitting: Plan | None = None
+    """When nothing fits: the layout that needs the least memory, to say by how much."""
+
+
+def search(model: ModelShape, gpus: int, work: Workload, hw: Hardware, top: int = 10,
+           overlap: bool = True) -> SearchResult:
+    """Rank every valid layout by predicted step time; only layouts that fit in memory are ranked."""
+    check_inputs(model, gpus, work, hw)
+    start = _time.perf_counter()
+    considered = fitting = 0
+    kept: list[Plan] = []
+    smallest: tuple[float, Layout] | None = None
+    for layout in layouts(model, gpus, work, hw):
+        considered += 1
+        mem = memory(model, layout, work)  # cheap first: most layouts fail on memory
+        if mem.total > hw.memory_bytes:
+            if smallest is None or mem.total < smallest[0]:
+                smallest = (mem.total, layout)
+            continue
+        fitting += 1
+        plan = evaluate(model, layout, work, hw, overlap)
+        kept.append(plan)
+        if len(kept) > 4 * top + 64:  # keep the list short without sorting every time
+            kept.sort(key=_rank_key)
+            del kept[top:]
+    kept.sort(key=_rank_key)
+    seconds = _time.perf_counter() - start
+    if considered == 0:
+        raise ValueError(_no_layout_reason(model, gpus, work, hw))
+    worst = evaluate(model, smallest[1], work, hw, overlap) if (fitting == 0 and smallest) else None
+    return SearchResult(kept[:top], considered, fitting, seconds, worst)
+
+
+def _rank_key(plan: Plan) -> tuple:
+    # Fastest first; among equals, less memory.
+    return (round(plan.time.total, 9), plan.memory.total)
+
+
+def _no_layout_reason(model: ModelShape, gpus: int, work: Workload, hw: Hardware) -> str:
+    mps = [d for d in divisors(gpus) if model.heads % d == 0 and d <= hw.gpus_per_node]
+    return (f"no valid layout of {model.name} on {gpus} GPUs: the global batch {work.global_batch} must be divisible "
+            f"by the data-parallel ranks gpus / (mp x pp) for some mp in {mps} (dividing the {model.heads} heads) and "
+            f"pp dividing the {model.layers} layers; try a global batch that is a multiple of {gpus}")

@@ -1,0 +1,154 @@
+"""Seconds per optimizer step of a layout, split into where the time goes.
+
+* compute: the stage's FLOPs (``6 N + 12 L h s`` per token, plus one more forward of the blocks
+  with full recompute) at ``matmul_efficiency`` of peak;
+* tensor parallel: 4 all-reduces of ``b s h`` activations per block and micro-batch (2 forward,
+  2 backward; all-gather + reduce-scatter with sequence parallel, the same bytes), plus the
+  vocabulary-parallel embedding's; 2 more per block with full recompute. Sampan does not overlap
+  them with compute (DTensor runs them in line);
+* pipeline: the bubble, ``(p - 1) / v`` micro-batch slots of a stage (``v = 1`` for 1F1B and
+  GPipe, ``vpp`` interleaved), and the point-to-point sends of ``b s h`` per boundary, on the
+  critical path;
+* data parallel / sharding: FSDP2's fp32 collectives (sampan sets no reduce dtype): all-reduce
+  over ``dp``, reduce-scatter + all-gather over ``sharding`` (ZeRO-3: all-gather twice and
+  reduce-scatter per micro-batch). FSDP2 prefetches the next block's all-gather and issues
+  reduce-scatters while backward continues, so these overlap with the micro-batch they belong to;
+  one block's worth stays exposed at each end;
+* optimizer: AdamW reads and writes its state once (device-memory bound).
+
+Collectives use the alpha-beta ring model over the slowest link of the group: a group whose ranks
+span more GPUs than a node holds crosses the network.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from sampan.planner.hardware import Hardware
+from sampan.planner.layout import Layout, Workload
+from sampan.planner.memory import stage_params
+from sampan.planner.model_shape import ModelShape
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTime:
+    """Seconds per step by component; ``total`` is what one step takes."""
+
+    compute: float
+    tensor_parallel: float
+    bubble: float
+    pipeline_p2p: float
+    data_parallel: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        return (self.compute + self.tensor_parallel + self.bubble + self.pipeline_p2p + self.data_parallel
+                + self.optimizer)
+
+    @property
+    def bottleneck(self) -> str:
+        parts = {"compute": self.compute, "TP comm": self.tensor_parallel, "bubble": self.bubble,
+                 "p2p": self.pipeline_p2p, "DP comm": self.data_parallel, "optimizer": self.optimizer}
+        name = max(parts, key=parts.get)
+        if name == "compute":  # say what else costs most, as the thing to watch
+            others = {k: v for k, v in parts.items() if k != "compute"}
+            second = max(others, key=others.get)
+            return f"compute; next {second} {others[second] / self.total:.0%}"
+        return f"{name} {parts[name] / self.total:.0%}"
+
+    def to_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "total": self.total, "bottleneck": self.bottleneck}
+
+
+def ring_time(kind: str, nbytes: float, ranks: int, link: tuple[float, float]) -> float:
+    """Alpha-beta time of a ring ``all_reduce`` / ``all_gather`` / ``reduce_scatter`` of ``nbytes`` (the full
+    tensor) over ``ranks`` ranks, or a ``p2p`` send of ``nbytes``."""
+    alpha, bandwidth = link
+    if kind == "p2p":
+        return alpha + nbytes / bandwidth
+    if ranks <= 1 or nbytes <= 0:
+        return 0.0
+    steps = 2 * (ranks - 1) if kind == "all_reduce" else ranks - 1
+    return steps * alpha + steps / ranks * nbytes / bandwidth
+
+
+def _crosses(ranks: int, stride: int, hw: Hardware) -> bool:
+    """Whether a group of ``ranks`` ranks ``stride`` apart spans more than one node."""
+    return ranks > 1 and ranks * stride > hw.gpus_per_node
+
+
+def step_time(model: ModelShape, layout: Layout, work: Workload, hw: Hardware, overlap: bool = True) -> StepTime:
+    """Predicted :class:`StepTime`. ``overlap=False`` prices every collective on the critical path
+    (what CPU gloo ranks sharing cores do)."""
+    s, b, h = work.seq_len, layout.micro_batch, model.hidden
+    p, m, t, v = layout.pp, layout.num_micro, layout.mp, layout.vpp
+    e = 2 if work.amp else 4
+    layers = math.ceil(model.layers / p)
+    tokens_mb = s * b
+
+    # -- compute of one micro-batch on the busiest stage (the blocks, plus the head on the last) --
+    block_flops = (6 * model.layer_params + 12 * h * s) * tokens_mb / t
+    head_flops = 6 * model.vocab * h * tokens_mb / t
+    recompute_flops = block_flops / 3 if layout.recompute == "full" else 0.0  # one more forward
+    flops_mb = layers * (block_flops + recompute_flops) + head_flops  # the last stage: blocks + head
+    rate = hw.peak_flops * hw.matmul_efficiency
+    compute_mb = flops_mb / rate
+
+    # -- tensor parallel, per micro-batch ----------------------------------------------------------
+    tp_mb = 0.0
+    if t > 1:
+        link = hw.link(_crosses(t, 1, hw))
+        per_layer = 4 + (2 if layout.recompute == "full" else 0)
+        one = ring_time("all_reduce", e * tokens_mb * h, t, link)
+        tp_mb = (layers * per_layer + 2) * one
+
+    slot = compute_mb + tp_mb          # one micro-batch through one stage, forward + backward
+    compute = m * compute_mb
+    tensor_parallel = m * tp_mb
+    bubble = (p - 1) / v * slot if p > 1 else 0.0
+
+    # -- pipeline point-to-point: each boundary sends activations forward and gradients back ------
+    p2p = 0.0
+    if p > 1:
+        stride = layout.dp * layout.sharding * t
+        link = hw.link(stride >= hw.gpus_per_node)
+        one = ring_time("p2p", e * tokens_mb * h / t, 2, link)
+        p2p = 2 * (m + (p - 1) * v) * one  # every micro-batch crosses each of this rank's boundaries
+
+    # -- data parallel / sharding (FSDP2, fp32) ----------------------------------------------------
+    n_stage = max(stage_params(model, layout, 0), stage_params(model, layout, p - 1))
+    grad_bytes = 4 * n_stage
+    unit_frac = 1 / max(layers, 1)
+    dp_comm = 0.0
+    sh_link = hw.link(_crosses(layout.sharding, t, hw))
+    dp_link = hw.link(_crosses(layout.dp, t * layout.sharding, hw))
+    if layout.sharding > 1:
+        rs = ring_time("reduce_scatter", grad_bytes, layout.sharding, sh_link)
+        ag = ring_time("all_gather", grad_bytes, layout.sharding, sh_link)
+        ar = ring_time("all_reduce", grad_bytes / layout.sharding, layout.dp, dp_link)
+        if layout.stage == 3:  # gathered for forward and again for backward, reduced every micro-batch
+            per_mb = 2 * ag + rs + ar
+            dp_comm = m * _exposed(per_mb, slot, unit_frac, overlap)
+        else:  # gathered once (first forward), reduced once (last backward)
+            dp_comm = _exposed(ag, slot / 3, unit_frac, overlap) + _exposed(rs + ar, 2 * slot / 3, unit_frac, overlap)
+    elif layout.dp > 1:
+        ar = ring_time("all_reduce", grad_bytes, layout.dp, dp_link)
+        dp_comm = _exposed(ar, 2 * slot / 3, unit_frac, overlap)
+
+    # -- optimizer: AdamW reads params, grads, two moments and writes three (fp32) ---------------
+    optimizer = 28 * n_stage / layout.sharding / (hw.hbm_gbps * 1e9)
+    return StepTime(compute, tensor_parallel, bubble, p2p, dp_comm, optimizer)
+
+
+def _exposed(comm: float, overlappable: float, unit_frac: float, overlap: bool) -> float:
+    """What a collective costs on the critical path when it runs beside ``overlappable`` seconds of
+    compute: all of it without overlap; with it, the excess, and at least the last block's share."""
+    if not overlap:
+        return comm
+    return max(comm - overlappable, comm * unit_frac)
+
+
+def model_flops_per_step(model: ModelShape, work: Workload) -> float:
+    return model.flops_per_token(work.seq_len) * work.tokens
