@@ -20,9 +20,12 @@ fleet layout on real gloo process groups (``torchrun``, one thread per rank). Fo
     (forward) and head (backward); sequence parallel moves the same as all-gathers and
     reduce-scatters;
   - pipeline: one ``b·s·h`` activation forward and one gradient backward per micro-batch and
-    stage boundary, plus the tied embedding / head gradient all-reduce between first and last stage.
+    stage boundary, plus the tied embedding / head gradient all-reduce between first and last
+    stage; with mp as well, the last stage all-gathers the ``b·s·V`` logits (its loss is not
+    vocabulary-parallel yet).
 
-  Here ``Ψ' = Ψ / (mp·pp)`` is the parameters of one model slice, ``L'`` its layers, ``b`` the
+  Here ``Ψ' = Ψ_held / (mp·pp)`` is the parameters of one model slice (``Ψ_held`` counts the tied
+  embedding table twice when there are pipeline stages), ``L'`` its layers, ``b`` the
   micro-batch on one data rank, ``m`` the micro-batches. Small scalar reductions (loss, token
   counts) are in the measured figure and not in the formula.
 * **Memory**: parameter, gradient and optimizer-state bytes held per rank (local shards), next
@@ -200,7 +203,7 @@ def run_baseline(shape: Shape, steps: int, warmup: int, threads: int) -> dict[st
             ids = batch["input_ids"][part * size:(part + 1) * size]
             loss = model(ids, labels=ids) / shape.micro
             loss.backward()
-            total += float(loss)
+            total += loss.item()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return total
@@ -217,9 +220,15 @@ def run_baseline(shape: Shape, steps: int, warmup: int, threads: int) -> dict[st
 
 # -- closed forms --------------------------------------------------------------------------------
 
+def held_parameters(layout: Layout, shape: Shape, params: int) -> float:
+    """Parameters one model replica holds: with pipelines the tied embedding / head table is held
+    twice (first and last stage, as Megatron does)."""
+    return params + (shape.vocab * shape.hidden if layout.pp > 1 else 0)
+
+
 def closed_form_wire_bytes(layout: Layout, shape: Shape, params: int) -> dict[str, float]:
     """Bytes on the wire per step summed over all ranks, by parallel axis (see the module doc)."""
-    slice_params = params / (layout.mp * layout.pp)
+    slice_params = held_parameters(layout, shape, params) / (layout.mp * layout.pp)
     layers = shape.layers / layout.pp
     data_ranks = layout.dp * layout.sharding
     b = shape.batch // data_ranks // shape.micro  # sequences per micro-batch on one data rank
@@ -248,12 +257,18 @@ def closed_form_wire_bytes(layout: Layout, shape: Shape, params: int) -> dict[st
         out["pipeline 2·b·s·h per micro-batch"] = data_ranks * layout.mp * boundaries * 2 * m * bsh
         tied = shape.vocab * shape.hidden * BYTES / layout.mp
         out["tied embedding sync"] = data_ranks * layout.mp * 2 * tied  # a 2-rank all-reduce: 2(n-1)/n = 1 each
+        if layout.mp > 1:
+            # A pipeline's last stage gathers the vocabulary-sharded logits (its loss is not
+            # vocabulary-parallel yet): an all-gather of b·s·V per micro-batch on each of its ranks.
+            n = layout.mp
+            out["pipeline x mp: logits all-gather b·s·V"] = (data_ranks * n * (n - 1) / n * m * b * shape.seq_len
+                                                             * shape.vocab * BYTES)
     return out
 
 
-def formula_memory(layout: Layout, params: int) -> dict[str, float]:
+def formula_memory(layout: Layout, shape: Shape, params: int) -> dict[str, float]:
     """Per-rank bytes of fp32 AdamW by the ZeRO paper: 4Ψ' params, 4Ψ' grads, 8Ψ' states."""
-    slice_params = params / (layout.mp * layout.pp)
+    slice_params = held_parameters(layout, shape, params) / (layout.mp * layout.pp)
     n = layout.sharding
     p, g, o = 4 * slice_params, 4 * slice_params, 8 * slice_params
     if n > 1:
@@ -294,7 +309,7 @@ def summarize(layout: Layout, shape: Shape, raw: dict[str, Any], params: int, ba
             for key in acc:
                 acc[key] += row[key]
     memory = {key: max(r[key] for r in ranks) for key in ("param_bytes", "grad_bytes", "optimizer_bytes")}
-    formula = formula_memory(layout, params)
+    formula = formula_memory(layout, shape, params)
     return {
         "layout": asdict(layout), "ranks": layout.ranks,
         "median_step_s": step_s, "step_s": raw["step_s"], "tokens_per_s": tokens / step_s,
@@ -356,16 +371,20 @@ def main(argv: list[str] | None = None) -> dict | None:
         raise SystemExit(f"unknown layout(s) {unknown}; known: {list(known)}")
     load_at_start = load_average()
     threads = min(2, os.cpu_count() or 1)
+    # The baseline runs before and after the layouts (other jobs on a small machine come and go);
+    # the faster of the two is the reference, so the ratios never flatter the layouts.
     baseline = run_baseline(shape, args.steps, args.warmup, threads)
-    base_step = statistics.median(baseline["step_s"])
+    raws = {}
+    for name in names:
+        console.print(f"running {name} ...")
+        raws[name] = run_layout(known[name], shape, args.steps, args.warmup, 600)
+    after = run_baseline(shape, args.steps, args.warmup, threads)
+    base_step = min(statistics.median(baseline["step_s"]), statistics.median(after["step_s"]))
+    baseline["step_s_after_layouts"] = after["step_s"]
     tokens = shape.batch * shape.seq_len
     baseline_tps = tokens / base_step
     params = baseline["parameters"]
-    rows = []
-    for name in names:
-        console.print(f"running {name} ...")
-        rows.append(summarize(known[name], shape, run_layout(known[name], shape, args.steps, args.warmup, 600),
-                              params, baseline_tps))
+    rows = [summarize(known[name], shape, raws[name], params, baseline_tps) for name in names]
 
     table = Table(title=f"GPT {params / 1e6:.1f}M params, global batch {shape.batch} x {shape.seq_len} tokens, "
                         f"{shape.micro} micro-batches, fp32 AdamW, gloo")
@@ -385,7 +404,8 @@ def main(argv: list[str] | None = None) -> dict | None:
                                                                           "optimizer_bytes")))
     console.print(table)
     console.print("memory cells: measured (formula). wire: bytes each rank sends with ring algorithms, summed "
-                  "over ranks, for one step.")
+                  "over ranks, for one step. The baseline is the faster of a run before and one after the layouts "
+                  f"(1-min load average at start: {load_at_start[0] if load_at_start else 'unknown'}).")
     result = {
         "benchmark": "hybrid_parallel", "timestamp": timestamp(), "torch_version": torch.__version__,
         "machine": machine_info(), "loadavg_at_start": load_at_start, "quick": args.quick,
