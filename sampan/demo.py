@@ -81,7 +81,7 @@ class DemoConfig:
         auto_docs = min(2000, max(20, round(2000 * (self.steps / 300) ** 2)))
         docs = auto_docs if self.ernie_docs == -1 else self.ernie_docs
         return ErnieStageConfig(out_dir=str(Path(self.out_dir) / "ernie"), steps=steps, docs=max(docs, 1),
-                                batch_size=2 * self.batch_size, seq_len=self.seq_len, seed=self.seed)
+                                batch_size=self.batch_size, seq_len=self.seq_len, seed=self.seed)
 
     def run_config(self) -> RunConfig:
         """The equivalent ``sampan train`` configuration."""
