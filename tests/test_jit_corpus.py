@@ -1,10 +1,10 @@
 """The to_static corpus: small programs covering every converted construct, alone and nested.
 
-Each program is checked four ways against the plain Python function run eagerly: to_static
-(``torch.compile(fullgraph=True)``, zero graph breaks, one graph), gradients where the program is
-differentiable, and, for the whole corpus in one export, the ``jit.load``-ed ``.pt2`` and
-onnxruntime on the ``.onnx`` (within 1e-5). The export bundles all programs in one function so
-that the corpus costs one ``torch.export`` + one ONNX export instead of forty.
+Every program is checked against the plain Python function run eagerly: to_static
+(``torch.compile(fullgraph=True)``, zero graph breaks) on two inputs, so that tensor predicates
+take both ways, and gradients where the program is differentiable. One program per construct
+family is also exported with ``jit.save`` and checked through the ``jit.load``-ed ``.pt2`` and
+onnxruntime on the ``.onnx`` (within 1e-5), at several batch sizes.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 import sampan
-from sampan.jit.translator import convert_function
+from sampan.jit import InputSpec
 
 TOL = dict(atol=1e-5, rtol=1e-5)
 
@@ -476,68 +476,89 @@ def test_to_static_matches_eager_with_one_graph(fn, make, differentiable):
     assert stats["calls"] >= 2
 
 
-# torch 2.13 + onnxscript 0.7.2 cannot export a tensor `if` inside a tensor loop to ONNX (an If
-# inside a Loop body); these programs round-trip through .pt2 only.
-NO_ONNX = {"p_while_break", "p_while_continue", "p_for_tensor_if", "p_nested_loops_break"}
+# --- export: one program per construct family --------------------------------------------------
+# An export (torch.export, then the ONNX exporter, then an onnxruntime session) takes seconds per
+# program on 2 cores, so one representative of each construct family is exported, once per test
+# session (the module-scoped fixture below), with a dynamic batch dimension; the tests check the
+# same files. Layers as the program's weights are exported by tests/test_jit.py (the seed snippet
+# and the GPT example). name -> the ONNX ops its control flow must become.
+EXPORTED = {
+    "p_early_return_nested": {"If"},  # if / else, nested, with early returns
+    "p_while_in_if": {"If", "Loop"},  # a tensor while nested in a tensor if (a Loop inside an If)
+    "p_for_tensor_range": {"Loop"},  # for over range(tensor)
+    "p_call_chain": {"If", "Loop"},  # calls to user functions, each converted
+}
 
 
-def _bundle(programs):
-    """One function running every program on its slice of a flat argument list."""
-    converted = [convert_function(fn).function for fn, _, _ in programs]
-    counts = [len(inputs_of(make, 0)) for _, make, _ in programs]
-
-    def run_corpus(*flat):
-        outs, k = [], 0
-        for program, n in zip(converted, counts, strict=True):
-            outs.append(program(*flat[k:k + n]))
-            k += n
-        return tuple(outs)
-
-    return run_corpus
+def _program(name):
+    return next(c for c in CORPUS if c[0].__name__ == name)
 
 
-def _check(programs, outs, seed):
-    assert len(outs) == len(programs)
-    for (fn, make, _), got in zip(programs, outs, strict=True):
-        torch.testing.assert_close(got, fn(*inputs_of(make, seed)), **TOL, msg=lambda m, fn=fn: f"{fn.__name__}: {m}")
+def _onnx_ops(graph):
+    """Op types in an ONNX graph and in its subgraphs (If branches, Loop bodies)."""
+    ops = set()
+    for node in graph.node:
+        ops.add(node.op_type)
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                ops |= _onnx_ops(sub)
+    return ops
 
 
-# One export per program: bundling many programs into one ONNX export trips the same exporter
-# bug as above (subgraph functions clash). A representative subset keeps the suite short.
-EXPORTED = ["p_if_else", "p_elif", "p_early_return_nested", "p_while_counter", "p_for_tensor_range",
-            "p_for_over_tensor", "p_zip", "p_and_or_not", "p_ternary", "p_call_chain", "p_layer_list",
-            "p_while_in_if", "p_mixed_dtypes", "p_deep_nesting"]
+def _with_batch(args, n):
+    """``args`` with batch (dim 0) size ``n``: rows repeated or cut; 0-d inputs unchanged."""
+    return tuple(a if a.dim() == 0 else a.repeat(-(-n // a.shape[0]), *[1] * (a.dim() - 1))[:n] for a in args)
 
 
-@pytest.mark.parametrize("name", EXPORTED)
-def test_program_round_trips_through_pt2_and_onnx(tmp_path, name):
-    """.pt2 (jit.load) and onnxruntime on the .onnx equal eager, on inputs taking both ways."""
-    fn, make, _ = next(c for c in CORPUS if c[0].__name__ == name)
-    static = sampan.jit.to_static(fn, backend="eager")
-    static(*inputs_of(make, 0))
-    files = sampan.jit.save(static, tmp_path / name)
-    assert {p.suffix for p in files.values()} == {".pt2", ".onnx", ".json"}
-    loaded = sampan.jit.load(tmp_path / name)
-    ort = sampan.jit.load(tmp_path / name, backend="onnxruntime")
+@pytest.fixture(scope="module", params=list(EXPORTED))
+def exported(request, tmp_path_factory):
+    """(name, program, files, the .pt2 loaded, the .onnx loaded): exported once, from input specs alone
+    (no call first), dimension 0 of every non-scalar input dynamic."""
+    name = request.param
+    fn, make, _ = _program(name)
+    specs = [InputSpec([None, *a.shape[1:]] if a.dim() else [], a.dtype) for a in inputs_of(make, 0)]
+    static = sampan.jit.to_static(fn, input_spec=specs, backend="eager")
+    base = tmp_path_factory.mktemp("export") / name
+    files = sampan.jit.save(static, base)
+    return name, fn, files, sampan.jit.load(base), sampan.jit.load(base, backend="onnxruntime")
+
+
+def test_export_equals_eager_through_pt2_and_onnxruntime_at_any_batch(exported):
+    """.pt2 (jit.load) and onnxruntime on the .onnx equal eager within 1e-5, on inputs taking both
+    ways, at the batch size of the specs' example (3), at 1 and at 6."""
+    name, fn, _, pt2, ort = exported
+    make = _program(name)[1]
     for seed in SEEDS:
-        args = inputs_of(make, seed)
-        torch.testing.assert_close(loaded(*args), fn(*args), **TOL)
-        torch.testing.assert_close(ort(*args), fn(*args), **TOL)
-    if name in ("p_while_counter", "p_if_else"):
-        ops = {node.op_type for node in onnx.load(str(files["onnx"])).graph.node}
-        assert ("Loop" if "while" in name else "If") in ops  # control flow stays in the graph
+        base = inputs_of(make, seed)
+        for args in (base, _with_batch(base, 1), _with_batch(base, 6)):
+            want = fn(*args)
+            shape = list(args[0].shape)
+            torch.testing.assert_close(pt2(*args), want, **TOL, msg=lambda m, s=shape: f"{name} .pt2 {s}: {m}")
+            torch.testing.assert_close(ort(*args), want, **TOL, msg=lambda m, s=shape: f"{name} onnx {s}: {m}")
+
+
+def test_export_keeps_control_flow_and_dynamic_dims(exported):
+    name, _, files, _, _ = exported
+    assert {p.suffix for p in files.values()} == {".pt2", ".onnx", ".json"}
+    ops = _onnx_ops(onnx.load(str(files["onnx"])).graph)
+    assert EXPORTED[name] <= ops, ops  # the control flow stays in the graph, not unrolled
+    meta = json.loads(files["json"].read_text())
+    assert meta["onnx_error"] is None
+    for spec in meta["inputs"]:  # batch dimensions recorded as dynamic (null), scalars as []
+        assert spec["shape"] == [] or spec["shape"][0] is None, spec
 
 
 def test_if_inside_tensor_loop_round_trips_through_pt2(tmp_path):
-    programs = [c for c in CORPUS if c[0].__name__ in NO_ONNX]
-    flat = [t for _, make, _ in programs for t in inputs_of(make, 0)]
-    static = sampan.jit.to_static(_bundle(programs), backend="eager")
-    static(*flat)
+    """A tensor `if` inside a tensor loop (here the flag of a `break`): torch 2.13 + onnxscript 0.7.2
+    cannot export it to ONNX (an If inside a Loop body), so jit.save writes the .pt2 and .json,
+    records why, and warns; the .pt2 equals eager."""
+    fn, make, _ = _program("p_while_break")
+    static = sampan.jit.to_static(fn, input_spec=[InputSpec([3, 4])], backend="eager")
     with pytest.warns(UserWarning, match="no ONNX file"):
-        files = sampan.jit.save(static, tmp_path / "loops")
-    assert "onnx" not in files and not (tmp_path / "loops.onnx").exists()
+        files = sampan.jit.save(static, tmp_path / "loop")
+    assert "onnx" not in files and not (tmp_path / "loop.onnx").exists()
     assert "InlinePass" in json.loads(files["json"].read_text())["onnx_error"]
-    loaded = sampan.jit.load(tmp_path / "loops")
-    _check(programs, loaded(*flat), 0)
-    flat1 = [t for _, make, _ in programs for t in inputs_of(make, 1)]
-    _check(programs, loaded(*flat1), 1)
+    loaded = sampan.jit.load(tmp_path / "loop")
+    for seed in SEEDS:
+        args = inputs_of(make, seed)
+        torch.testing.assert_close(loaded(*args), fn(*args), **TOL)
