@@ -172,7 +172,7 @@ class LoadedFunction:
         meta: the ``.json`` description (input and output names, shapes, dtypes, versions).
     """
 
-    def __init__(self, path: str | os.PathLike[str], backend: str = "pt2"):
+    def __init__(self, path: str | os.PathLike[str], backend: str = "pt2", num_threads: int | None = None):
         base = Path(path)
         json_path = base.with_name(base.name + ".json")
         if not json_path.exists():
@@ -185,7 +185,10 @@ class LoadedFunction:
         elif backend == "onnxruntime":
             import onnxruntime
 
-            session = onnxruntime.InferenceSession(str(base.with_name(base.name + ".onnx")),
+            options = onnxruntime.SessionOptions()
+            if num_threads is not None:
+                options.intra_op_num_threads = options.inter_op_num_threads = num_threads
+            session = onnxruntime.InferenceSession(str(base.with_name(base.name + ".onnx")), options,
                                                    providers=["CPUExecutionProvider"])
             self._run = types.MethodType(_run_onnx, session)
         else:
@@ -205,6 +208,10 @@ def _run_onnx(session: Any, *args: torch.Tensor) -> Any:
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
-def load(path: str | os.PathLike[str], backend: str = "pt2") -> LoadedFunction:
-    """Load what :func:`save` wrote at ``path``; ``backend`` is "pt2" (torch) or "onnxruntime"."""
-    return LoadedFunction(path, backend)
+def load(path: str | os.PathLike[str], backend: str = "pt2", num_threads: int | None = None) -> LoadedFunction:
+    """Load what :func:`save` wrote at ``path``; ``backend`` is "pt2" (torch) or "onnxruntime".
+
+    ``num_threads`` sets onnxruntime's thread pools (default: one thread per core); the ``.pt2``
+    runs on torch's threads (``torch.set_num_threads``).
+    """
+    return LoadedFunction(path, backend, num_threads)
