@@ -65,3 +65,26 @@ def test_hybrid_parallel_quick_measures_what_the_formulas_say(tmp_path):
     for name in ("dp2", "sharding2 (ZeRO-3)"):
         for kind, ratio in rows[name]["memory_bytes_per_rank"]["measured_over_formula"].items():
             assert ratio == pytest.approx(1.0, abs=0.01), (name, kind)
+
+
+@pytest.mark.timeout(120)
+def test_jit_quick(tmp_path):
+    out = tmp_path / "jit.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "jit.py"), "--quick", "--out", str(out)],
+                   check=True, capture_output=True, text=True, timeout=110)
+    result = json.loads(out.read_text())
+    contenders = {"eager", "to_static", "torch.compile", "onnxruntime"}
+    # The benchmark refuses to time unequal work: every contender (to_static, plain torch.compile,
+    # the exported ONNX model in onnxruntime) generates eager's tokens and stops where eager stops.
+    assert set(result["equal_work"]) == {str(row["batch"]) for row in result["batches"]} == {"1", "3"}
+    for check in result["equal_work"].values():
+        assert set(check["mismatched_tokens"]) == contenders
+        assert not any(check["mismatched_tokens"].values())
+        assert len(set(check["stopped_at"].values())) == 1
+        assert list(check["stopped_at"].values())[0] <= check["max_position"]
+    for row in result["batches"]:
+        assert set(row["sides"]) == contenders and all(s["median_step_s"] > 0 for s in row["sides"].values())
+        assert set(row["speedup_over_eager"]) == contenders - {"eager"}
+    assert result["to_static_stats"]["graph_breaks"] == 0 and result["to_static_stats"]["compiles"] == 2
+    assert set(result["first_call_s"]) == {"to_static", "torch.compile"}
+    assert result["onnx_export"]["save_s"] > 0 and result["onnx_export"]["onnx_mb"] > 0
