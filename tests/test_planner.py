@@ -21,8 +21,8 @@ RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 # --- memory against measurements ---------------------------------------------------------------
 def _hybrid_results():
     path = RESULTS / "hybrid_parallel.json"
-    if not path.is_file():
-        pytest.skip("benchmarks/results/hybrid_parallel.json not present (run benchmarks/hybrid_parallel.py)")
+    # Committed measurements: a missing file is a broken checkout, not a reason to skip.
+    assert path.is_file(), "benchmarks/results/hybrid_parallel.json is missing (run benchmarks/hybrid_parallel.py)"
     return json.loads(path.read_text())
 
 
@@ -74,8 +74,7 @@ def test_activation_bytes_match_a_fresh_measurement(mode):
 def test_activation_bytes_match_profiled_recompute_benchmark():
     """benchmarks/trainer.py profiles GPT activation memory for none / selective / full (fp32)."""
     path = RESULTS / "trainer.json"
-    if not path.is_file():
-        pytest.skip("benchmarks/results/trainer.json not present")
+    assert path.is_file(), "benchmarks/results/trainer.json is missing (run benchmarks/trainer.py)"
     run = json.loads(path.read_text())["recompute"]["gpt"]
     c = run["config"]
     shape = ModelShape("gpt", c["layers"], c["hidden"], c["heads"], c["vocab"], c["intermediate"], c["seq_len"])
