@@ -159,6 +159,8 @@ class Trainer:
         if self.fleet is not None:
             # fleet applies recompute itself, inside each stage, before sharding.
             self.model, self.optimizer = self.fleet.wrap(model, self.optimizer)
+            # Splitting places the parameters on the mesh's device (a GPU under NCCL): batches follow them.
+            self.device = next((p.device for p in self.model.parameters()), self.device)
         else:
             apply_recompute(model, args.recompute)
         self._peak_flops: float | None = None
