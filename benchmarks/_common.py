@@ -24,6 +24,7 @@ import torch
 
 __all__ = [
     "Timing",
+    "apply_presets",
     "time_interleaved",
     "gemm_peak_gflops",
     "load_average",
@@ -92,6 +93,17 @@ def time_interleaved(
                 gc.enable()
             timings[name].per_step.append(elapsed / steps)
     return timings
+
+
+def apply_presets(args: Any, preset: Mapping[str, Any], default_out: Any) -> Any:
+    """Fill each argument left at None from ``preset`` (the full or the ``--quick`` shapes), and
+    ``args.out`` from ``default_out`` when not given; returns ``args``."""
+    for key, value in preset.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.out is None:
+        args.out = default_out
+    return args
 
 
 def gemm_peak_gflops(n: int = 2048, repeats: int = 5, dtype: torch.dtype = torch.float32) -> float:

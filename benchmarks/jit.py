@@ -36,7 +36,15 @@ from pathlib import Path
 import torch
 
 import sampan
-from _common import load_average, machine_info, set_threads, time_interleaved, timestamp, write_json_atomic
+from _common import (
+    apply_presets,
+    load_average,
+    machine_info,
+    set_threads,
+    time_interleaved,
+    timestamp,
+    write_json_atomic,
+)
 from sampan.static import InputSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,13 +90,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON output (default benchmarks/results/jit.json; none with --quick)")
     args = parser.parse_args(argv)
-    preset = QUICK if args.quick else DEFAULTS
-    for key, value in preset.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    if args.out is None and not args.quick:
-        args.out = DEFAULT_OUT
-    return args
+    return apply_presets(args, QUICK if args.quick else DEFAULTS, None if args.quick else DEFAULT_OUT)
 
 
 class CountingBackend:

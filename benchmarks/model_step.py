@@ -27,6 +27,7 @@ import sampan.optimizer
 
 # Benchmarks run as scripts (python benchmarks/NAME.py): their folder is on sys.path.
 from _common import (
+    apply_presets,
     gemm_peak_gflops,
     load_average,
     machine_info,
@@ -140,13 +141,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON output (default benchmarks/results/model_step.json; none with --quick)")
     args = parser.parse_args(argv)
-    preset = QUICK if args.quick else DEFAULTS
-    for key, value in preset.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    if args.out is None and not args.quick:
-        args.out = DEFAULT_OUT
-    return args
+    return apply_presets(args, QUICK if args.quick else DEFAULTS, None if args.quick else DEFAULT_OUT)
 
 
 def optimizer_kernel_times(model: torch.nn.Module, steps: int = 20) -> dict[str, float]:

@@ -79,6 +79,7 @@ import torch.utils.data
 
 # Benchmarks run as scripts (python benchmarks/NAME.py): their folder is on sys.path.
 from _common import (
+    apply_presets,
     load_average,
     machine_info,
     set_threads,
@@ -142,13 +143,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON output (default benchmarks/results/trainer.json; none with --quick)")
     args = parser.parse_args(argv)
-    preset = QUICK if args.quick else DEFAULTS
-    for key, value in preset.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    if args.out is None and not args.quick:
-        args.out = DEFAULT_OUT
-    return args
+    return apply_presets(args, QUICK if args.quick else DEFAULTS, None if args.quick else DEFAULT_OUT)
 
 
 def load_note(loads: list[list[float] | None], cpus: int) -> tuple[bool, str | None]:
