@@ -139,6 +139,26 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from sampan.serving.command import run
+
+    return run(args)
+
+
+def _add_serve_parser(verbs) -> None:
+    serve = verbs.add_parser(
+        "serve", help="serve Taskflow tasks and exported models over HTTP (dynamic batching, demo page at /)",
+        description="Start an HTTP service (FastAPI + uvicorn): POST /v1/tasks/TASK {\"inputs\": [texts]}, "
+                    "POST /v1/models/NAME/predict, GET /v1/tasks, /healthz, /metrics (Prometheus), /openapi.json, "
+                    "and a demo page at /. Concurrent requests are batched up to --max-batch-size / --max-wait-ms. "
+                    "Binds to 127.0.0.1 unless --host says otherwise. Details: docs/serving.md.",
+        epilog="example:  sampan serve --task sentiment_analysis --task ner --task text_generation --port 8866")
+    from sampan.serving.command import add_arguments as _serve_arguments
+
+    _serve_arguments(serve)
+    serve.set_defaults(func=_cmd_serve)
+
+
 def _cmd_data_build(args: argparse.Namespace) -> int:
     from sampan.text.build import DataBuildConfig, build_data
 
@@ -360,6 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="element type of the buffers (default: float32)")
     comm.add_argument("--json", action="store_true", help="print JSON instead of a table")
     comm.set_defaults(func=_cmd_bench)
+
+    _add_serve_parser(verbs)
     return parser
 
 

@@ -1,0 +1,50 @@
+"""``ServingConfig``: the limits and knobs of one ``sampan serve`` process, typed and checked."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+
+@dataclass
+class ServingConfig:
+    """Limits, batching and binding of the HTTP service (``sampan serve`` flags map one to one)."""
+
+    max_batch_size: int = 32
+    """Most inputs one batched model call takes; 1 turns dynamic batching off."""
+    max_wait_ms: float = 5.0
+    """How long the first request of a batch waits for others to join it before the batch runs."""
+    max_body_bytes: int = 1_048_576
+    """Largest request body accepted (bytes); a larger one is answered 413 before it is parsed."""
+    max_inputs_per_request: int = 64
+    """Most entries in one request's ``inputs`` list (413 above it)."""
+    max_text_chars: int = 2_000
+    """Longest single text accepted (characters; 413 above it) - the models truncate long before this."""
+    request_timeout_s: float = 30.0
+    """A request still waiting for its result after this many seconds is answered 504."""
+    max_queue_inputs: int = 4_096
+    """Inputs waiting per task / model before new requests are refused with 503 (back-pressure)."""
+    host: str = "127.0.0.1"
+    """Address to bind; loopback unless told otherwise (0.0.0.0 exposes the service to the network)."""
+    port: int = 8866
+    """TCP port to listen on."""
+
+    def __post_init__(self) -> None:
+        positive = ("max_batch_size", "max_body_bytes", "max_inputs_per_request", "max_text_chars",
+                    "max_queue_inputs")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"ServingConfig.{name} must be a positive integer, got {value!r}")
+        if not self.max_wait_ms >= 0:
+            raise ValueError(f"ServingConfig.max_wait_ms must be >= 0, got {self.max_wait_ms!r}")
+        if not self.request_timeout_s > 0:
+            raise ValueError(f"ServingConfig.request_timeout_s must be > 0, got {self.request_timeout_s!r}")
+        if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            raise ValueError(f"ServingConfig.port must be an integer in 0..65535, got {self.port!r}")
+        if not self.host:
+            raise ValueError("ServingConfig.host must not be empty (use 127.0.0.1 for loopback)")
+
+    def to_dict(self) -> dict:
+        """The settings as a plain dict (shown by ``GET /v1/tasks`` under ``limits``)."""
+        return dataclasses.asdict(self)

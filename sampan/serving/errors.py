@@ -1,0 +1,97 @@
+"""One JSON error shape for every 4xx / 5xx: ``{"error": {"code": ..., "message": ...}}``.
+
+FastAPI's own answers (422 validation detail lists, 404 / 405 ``{"detail": ...}``) are converted
+here so a client parses one shape, and every message says what was wrong and how to fix it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("sampan.serving")
+
+
+class ServingError(Exception):
+    """An error answered to the client with ``status`` and a machine-readable ``code``."""
+
+    def __init__(self, status: int, code: str, message: str):
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+def error_body(code: str, message: str) -> dict:
+    return {"error": {"code": code, "message": message}}
+
+
+def error_response(status: int, code: str, message: str) -> JSONResponse:
+    return JSONResponse(error_body(code, message), status_code=status)
+
+
+def error_bytes(code: str, message: str) -> bytes:
+    """The error body as bytes, for the raw ASGI middleware that answers before FastAPI runs."""
+    return json.dumps(error_body(code, message), ensure_ascii=False).encode()
+
+
+_HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "body_too_large",
+               415: "unsupported_media_type", 429: "too_many_requests", 503: "unavailable"}
+
+
+def _describe_validation(request: Request, err: RequestValidationError) -> tuple[int, str, str]:
+    """(status, code, message) for a pydantic validation failure: 400 / 415 for a body that is not
+    JSON, else 422 naming each field at fault."""
+    content_type = request.headers.get("content-type", "")
+    if content_type and "json" not in content_type.split(";")[0].lower():
+        return 415, "unsupported_media_type", (f"Content-Type {content_type!r} is not JSON; send the body as "
+                                               "JSON with Content-Type: application/json")
+    problems = []
+    for item in err.errors():
+        if item.get("type") == "missing" and tuple(item.get("loc", ())) == ("body",):
+            return 422, "empty_body", 'the request body is empty; send e.g. {"inputs": ["今天天气真好"]}'
+
+        if item.get("type") == "json_invalid":
+            ctx = item.get("ctx") or {}
+            return 400, "invalid_json", (f"the request body is not valid JSON ({ctx.get('error', item.get('msg'))}); "
+                                         'send e.g. {"inputs": ["今天天气真好"]} with Content-Type: application/json')
+        loc = [str(p) for p in item.get("loc", ()) if p != "body"]
+        where = ".".join(loc) if loc else "body"
+        problems.append(f"{where}: {item.get('msg', 'invalid')}")
+    shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+    return 422, "invalid_request", f"the request body does not match the schema: {shown}"
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Route every exception to the JSON error shape; an unexpected one is logged and answered 500."""
+
+    @app.exception_handler(ServingError)
+    async def _serving(_: Request, exc: ServingError) -> JSONResponse:
+        return error_response(exc.status, exc.code, exc.message)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(*_describe_validation(request, exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = _HTTP_CODES.get(exc.status_code, "http_error")
+        if exc.status_code == 404:
+            message = (f"no endpoint at {request.url.path}; see GET /v1/tasks for the served tasks and models, "
+                       "/openapi.json for the API")
+        elif exc.status_code == 405:
+            message = f"{request.method} is not allowed on {request.url.path}"
+        else:
+            message = str(exc.detail)
+        return JSONResponse(error_body(code, message), status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return error_response(500, "internal_error", f"the server failed on this request ({type(exc).__name__}); "
+                                                     "it is logged and the service keeps running")

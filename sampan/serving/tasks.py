@@ -1,0 +1,66 @@
+"""Served tasks: a ``Taskflow`` (or any callable with its contract) behind a batched call.
+
+The contract a task object keeps (``sampan.taskflow.Taskflow`` does): ``task(list_of_str)``
+returns one JSON-serialisable dict per text, in order, and raises ``ValueError`` naming the index
+and the problem for a bad input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sampan.serving.errors import ServingError
+
+TaskCallable = Callable[[list[str]], list[dict]]
+
+
+@dataclass
+class ServedTask:
+    """One task: its name, the object that runs it, and what ``GET /v1/tasks`` says about it."""
+
+    name: str
+    task: TaskCallable
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def run_batch(self, payloads: Sequence[list[str]]) -> list[list[dict]]:
+        """One model call for the texts of all requests in the batch, split back per request."""
+        texts = [text for payload in payloads for text in payload]
+        outputs = list(self.task(texts))
+        if len(outputs) != len(texts):
+            raise RuntimeError(f"task '{self.name}' returned {len(outputs)} results for {len(texts)} texts")
+        split, start = [], 0
+        for payload in payloads:
+            split.append(outputs[start:start + len(payload)])
+            start += len(payload)
+        return split
+
+
+def load_task(name: str, batch_size: int, options: dict[str, Any] | None = None) -> ServedTask:
+    """Build ``Taskflow(name, batch_size=...)``; an unknown task is a ValueError listing the known ones."""
+    from sampan.taskflow import Taskflow
+
+    known = Taskflow.tasks()
+    if name not in known:
+        raise ValueError(f"unknown task {name!r}; sampan serve knows: {', '.join(sorted(known))}")
+    task = Taskflow(name, batch_size=batch_size, **(options or {}))
+    info = dict(known[name])
+    return ServedTask(name, task, info)
+
+
+def validate_texts(inputs: list[str], *, max_inputs: int, max_chars: int) -> None:
+    """Reject an empty list, empty / blank texts, too many texts and too-long texts with a 4xx."""
+    if not inputs:
+        raise ServingError(422, "empty_input", '"inputs" is an empty list; send at least one text, '
+                                               'e.g. {"inputs": ["今天天气真好"]}')
+    if len(inputs) > max_inputs:
+        raise ServingError(413, "too_many_inputs", f'"inputs" has {len(inputs)} texts, more than the limit of '
+                                                   f"{max_inputs} per request (max_inputs_per_request); "
+                                                   "split it into several requests")
+    for i, text in enumerate(inputs):
+        if not text.strip():
+            raise ServingError(422, "empty_input", f"inputs[{i}] is empty or only whitespace; send some text")
+        if len(text) > max_chars:
+            raise ServingError(413, "text_too_long", f"inputs[{i}] has {len(text)} characters, more than the "
+                                                     f"limit of {max_chars} (max_text_chars); shorten it")
