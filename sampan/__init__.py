@@ -35,8 +35,8 @@ from sampan.tensor import (
 __version__ = "0.1.0"
 
 # Subpackages load on first use so `import sampan` stays as cheap as `import torch`.
-_LAZY_SUBMODULES = ("amp", "checkpoint", "io", "jit", "models", "nn", "optimizer", "pretraining", "static", "text",
-                    "trainer")
+_LAZY_SUBMODULES = ("amp", "checkpoint", "io", "jit", "models", "nn", "optimizer", "pretraining", "serving",
+                    "static", "text", "trainer")
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from sampan import amp, checkpoint, io, jit, models, nn, optimizer, pretraining, static, text, trainer

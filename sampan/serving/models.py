@@ -156,11 +156,19 @@ def _to_array(name: str, value: Any, dtype: type) -> np.ndarray:
     try:
         array = np.asarray(value)
     except ValueError as err:  # ragged nesting
-        raise ServingError(422, "wrong_shape", f"input '{name}' is a ragged list ({err}); every row "
-                                               "must have the same length") from None
+        raise ServingError(422, "wrong_shape", f"input '{name}' is a ragged list ({str(err).split('.')[0]}); "
+                                               "every row must have the same length") from None
+    except (RecursionError, OverflowError, TypeError) as err:
+        raise ServingError(422, "wrong_type", f"input '{name}' is not a nested list of numbers "
+                                              f"({type(err).__name__})") from None
     if array.dtype == object or array.dtype.kind not in "biuf":
         raise ServingError(422, "wrong_type", f"input '{name}' must contain only numbers "
                                               f"(got elements of kind {array.dtype.kind!r})")
+    if array.dtype.kind == "f" and not np.isfinite(array).all():  # JSON's NaN / Infinity extensions
+        raise ServingError(422, "non_finite", f"input '{name}' contains NaN or Infinity; send finite numbers")
     if np.dtype(dtype).kind in "iub" and array.dtype.kind == "f":
         raise ServingError(422, "wrong_type", f"input '{name}' takes integers ({np.dtype(dtype).name}), got floats")
-    return array.astype(dtype)
+    converted = array.astype(dtype)
+    if converted.dtype.kind == "f" and not np.isfinite(converted).all():
+        raise ServingError(422, "out_of_range", f"input '{name}' has numbers too large for {np.dtype(dtype).name}")
+    return converted

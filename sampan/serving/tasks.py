@@ -61,6 +61,11 @@ def validate_texts(inputs: list[str], *, max_inputs: int, max_chars: int) -> Non
     for i, text in enumerate(inputs):
         if not text.strip():
             raise ServingError(422, "empty_input", f"inputs[{i}] is empty or only whitespace; send some text")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:  # a lone surrogate from a "\ud800" JSON escape: not text
+            raise ServingError(422, "invalid_text", f"inputs[{i}] is not valid Unicode ({err.reason} at "
+                                                    f"character {err.start}); send UTF-8 text") from None
         if len(text) > max_chars:
             raise ServingError(413, "text_too_long", f"inputs[{i}] has {len(text)} characters, more than the "
                                                      f"limit of {max_chars} (max_text_chars); shorten it")
