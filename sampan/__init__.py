@@ -14,37 +14,45 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from sampan.tensor import (
-    arange,
-    concat,
-    full,
-    get_default_dtype,
-    manual_seed,
-    no_grad,
-    ones,
-    rand,
-    randint,
-    randn,
-    seed,
-    set_default_dtype,
-    stack,
-    to_tensor,
-    zeros,
-)
+# The tensor front door (sampan.randn, sampan.no_grad, ...) also loads on first use: importing torch
+# costs 7-13 s on a loaded machine, and `sampan plan` (on paper, torch-free) must not pay it.
+_TENSOR_NAMES = ("arange", "concat", "full", "get_default_dtype", "manual_seed", "no_grad", "ones", "rand", "randint",
+                 "randn", "seed", "set_default_dtype", "stack", "to_tensor", "zeros")
 
 __version__ = "0.1.0"
 
 # Subpackages load on first use so `import sampan` stays as cheap as `import torch`.
-_LAZY_SUBMODULES = ("amp", "checkpoint", "io", "jit", "models", "nn", "optimizer", "pretraining", "serving",
-                    "static", "text", "trainer")
+_LAZY_SUBMODULES = ("amp", "checkpoint", "finetune", "inference", "io", "jit", "models", "nn", "optimizer", "pretraining",
+                    "serving", "static", "text", "trainer")
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from sampan import amp, checkpoint, io, jit, models, nn, optimizer, pretraining, static, text, trainer
+    from sampan.tensor import (
+        arange,
+        concat,
+        full,
+        get_default_dtype,
+        manual_seed,
+        no_grad,
+        ones,
+        rand,
+        randint,
+        randn,
+        seed,
+        set_default_dtype,
+        stack,
+        to_tensor,
+        zeros,
+    )
 
 
 def __getattr__(name: str):
-    if name in _LAZY_SUBMODULES:
+    if name in _LAZY_SUBMODULES or name == "tensor":
         return importlib.import_module(f"sampan.{name}")
+    if name in _TENSOR_NAMES:
+        value = getattr(importlib.import_module("sampan.tensor"), name)
+        globals()[name] = value  # looked up once
+        return value
     raise AttributeError(f"module 'sampan' has no attribute {name!r}")
 
 

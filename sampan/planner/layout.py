@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
-from sampan.distributed.strategy import RECOMPUTE_MODES, SCHEDULE_MODES, DistributedStrategy
+if TYPE_CHECKING:  # sampan.distributed imports torch; the planner must not (see to_strategy)
+    from sampan.distributed.strategy import DistributedStrategy
 
+# The values sampan.distributed.strategy accepts, repeated here so planning never imports torch
+# (tests/test_planner_cold_start.py checks they stay equal).
+SCHEDULE_MODES = ("1F1B", "Interleaved1F1B", "GPipe")
+RECOMPUTE_MODES = ("none", "full", "selective")
 SCHEDULE_NAMES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B", "interleaved1f1b": "Interleaved1F1B",
                   "gpipe": "GPipe", "fthenb": "GPipe"}
 
@@ -88,6 +94,8 @@ class Layout:
 
     def to_strategy(self, amp: str | None = "bf16") -> DistributedStrategy:
         """The ``DistributedStrategy`` that runs this layout in sampan."""
+        from sampan.distributed.strategy import DistributedStrategy
+
         return DistributedStrategy(
             hybrid_configs={"dp_degree": self.dp, "mp_degree": self.mp, "pp_degree": self.pp,
                             "sharding_degree": self.sharding},

@@ -111,6 +111,10 @@ def load_model(spec: str | None = None, shape: str | None = None) -> ModelShape:
         raise ValueError("give exactly one of --model (a name from `sampan models` or a config file) or --model-shape")
     if shape is not None:
         return parse_shape(shape)
+    from sampan.planner.zoo import ZOO
+
+    if spec in ZOO:  # the zoo's shapes without importing torch (cold start of `sampan plan`)
+        return ZOO[spec]
     from sampan.models import get_config, list_models
 
     if spec in list_models():
@@ -126,6 +130,7 @@ def load_model(spec: str | None = None, shape: str | None = None) -> ModelShape:
         data = load_config_file(path)
         data = data.get("model", data)  # a run file's [model] table works too
     data = dict(data)
+    data.pop("architecture", None)  # save_pretrained records the head class; the shape does not depend on it
     base = data.pop("name", None)
     from sampan.models.ernie.config import ErnieConfig
     from sampan.models.gpt.config import GPTConfig
@@ -137,4 +142,5 @@ def load_model(spec: str | None = None, shape: str | None = None) -> ModelShape:
         if cls is None:
             raise ValueError(f"config {path}: model_type must be 'gpt' or 'ernie', got {data.get('model_type')!r}")
         config = cls.from_dict(data)
-    return _from_config(base or path.stem, config)
+    # save_pretrained's files are all called config.json: name the model by its directory then
+    return _from_config(base or (path.parent.name if path.stem == "config" else path.stem), config)
