@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from sampan.planner.hardware import PRESETS, get_hardware
 from sampan.planner.layout import Workload, parse_fix
 from sampan.planner.model_shape import load_model
 from sampan.planner.report import print_table, run_file_text, to_json, write_run_file
 from sampan.planner.search import check_inputs, evaluate, search
+from sampan.planner.zoo import ZOO
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,11 +20,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                     "(config.json, or a run file's [model] table)")
     what.add_argument("--model-shape", default=None, metavar="layers=..,hidden=..,heads=..,vocab=..",
                       help="an inline GPT shape instead of --model (optional ffn=, max_positions=, tied=)")
-    what.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence (default: 2048)")
+    what.add_argument("--seq-len", type=int, default=None,
+                      help="tokens per sequence (default: 2048; with --from-run, derived from the run)")
     what.add_argument("--global-batch", type=int, default=1536, help="sequences per optimizer step (default: 1536)")
     what.add_argument("--fp32", action="store_true", help="plan fp32 training instead of bf16 autocast")
     hw = parser.add_argument_group("cluster (a preset, and/or explicit numbers that override it)")
-    hw.add_argument("--gpus", type=int, required=True, help="total GPUs")
+    hw.add_argument("--gpus", type=int, default=None, help="total GPUs (required unless --from-run)")
     hw.add_argument("--hardware", default=None, choices=sorted(PRESETS),
                     help="preset (default: a100-80g): a100-80g, h100-80g, h200")
     hw.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (preset: 8)")
@@ -39,6 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                     "schedule=..,vpp=..",
                      help="evaluate this one layout instead of searching (missing dp takes the leftover GPUs; "
                           "also stage=, sp=, num_micro=)")
+    out.add_argument("--from-run", default=None, metavar="OUTPUT_DIR",
+                     help="a finished Trainer run: where its step time went (measured step and data wait; the rest "
+                          "split as the model predicts) next to the prediction for its layout. Without --hardware / "
+                          "--gpu-* the hardware is this CPU (the run's measured matmul rate; assumptions printed)")
     out.add_argument("--top", type=int, default=10, help="rows to show (default: 10)")
     out.add_argument("--json", action="store_true", help="print JSON instead of a table")
     out.add_argument("--write-strategy", default=None, metavar="FILE",
@@ -48,6 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise ValueError(f"--top must be >= 1, got {args.top}")
+    if args.from_run is not None:
+        return _run_from_run(args)
+    if args.gpus is None:
+        raise ValueError("--gpus is required (total GPUs of the cluster to plan for), e.g. --gpus 1024")
+    if args.seq_len is None:
+        args.seq_len = 2048
     model = load_model(args.model, args.model_shape)
     hw = get_hardware(args.hardware, gpus_per_node=args.gpus_per_node, memory_gb=args.gpu_memory_gb,
                       tflops=args.gpu_tflops, intra_node_gbps=args.intra_node_gbps,
@@ -74,9 +87,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_table(model, hw, work, args.gpus, plans, result)
     if args.write_strategy:
-        from sampan.models import list_models
-
-        name = args.model if args.model in list_models() else None
+        # A name load_model took from the zoo (not a config file) goes in [model] as is.
+        name = args.model if args.model is not None and (args.model in ZOO or not Path(args.model).is_file()) else None
         path = write_run_file(args.write_strategy, run_file_text(model, name, work, plans[0]))
         if not args.json:
             print(f"wrote {path} (sampan train --config {path})")
@@ -96,3 +108,33 @@ def _check_fixed(model, layout) -> None:
         problems.append("sequence parallel with pipeline stages is not supported by sampan yet")
     if problems:
         raise ValueError("--fix layout is not valid: " + "; ".join(problems))
+
+
+def _run_from_run(args: argparse.Namespace) -> int:
+    """``--from-run OUTPUT_DIR``: the run's measured step next to the prediction for its layout."""
+    from sampan.planner.from_run import compare, hardware_for_run, print_comparison, read_run
+
+    for flag, value in (("--fix", args.fix), ("--write-strategy", args.write_strategy), ("--gpus", args.gpus)):
+        if value is not None:
+            raise ValueError(f"{flag} does not apply to --from-run (the run's own layout and ranks are used)")
+    out = Path(args.from_run)
+    if args.model is None and args.model_shape is None:
+        config = out / "model" / "config.json"
+        if not config.is_file():
+            raise ValueError(f"{out} has no model/config.json (save_pretrained); give the run's model with --model "
+                             "NAME_OR_CONFIG or --model-shape")
+        model = load_model(str(config))
+    else:
+        model = load_model(args.model, args.model_shape)
+    record = read_run(out, model, args.seq_len)
+    overrides = {"gpus_per_node": args.gpus_per_node, "memory_gb": args.gpu_memory_gb, "tflops": args.gpu_tflops,
+                 "intra_node_gbps": args.intra_node_gbps, "inter_node_gbps": args.inter_node_gbps,
+                 "matmul_efficiency": args.matmul_efficiency}
+    hw, notes, overlap = hardware_for_run(record, args.hardware, overrides)
+    report = compare(record, model, hw, overlap)
+    report["assumptions"] = notes
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_comparison(report, notes)
+    return 0
