@@ -12,9 +12,11 @@ Three parts, one run (seconds; nothing is trained here):
 3. Published large-scale runs, each at its published configuration through ``--fix``:
    Narayanan et al. 2021 (arXiv 2104.04473) Table 1 (GPT 1.7B-1T on up to 3072 A100s) and
    Table 2 (GPT-3 175B, PTD-P), and Llama 3 (arXiv 2407.21783) Table 4 (405B on 8K / 16K H100s).
-   ``matmul_efficiency`` is calibrated on ONE row (Table 1's 1.7B, pure data parallel) and held
-   for every other row. For each, also: is the planner's own top choice at least as fast by its
-   own model?
+   The compute efficiency curve ``efficiency_max * h / (h + efficiency_h0)`` is fitted on five
+   rows fixed in advance (every other row of Table 1: 1.7B, 7.5B, 39.1B, 145.6B, 529.6B) and
+   checked on the other ten; also leave-one-out over the 13 Megatron-LM rows, and one constant
+   efficiency fitted on the same five rows for comparison. For each row, also: is the planner's
+   own top choice at least as fast by its own model?
 
     python benchmarks/planner.py            # writes benchmarks/results/planner.json
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import statistics
 import sys
 import time
@@ -35,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import machine_info, timestamp, write_json_atomic  # noqa: E402
 from sampan.planner import Layout, ModelShape, Workload, evaluate, get_hardware, load_model, search  # noqa: E402
 from sampan.planner.memory import head_activation_bytes, layer_activation_bytes, stage_params  # noqa: E402
+from sampan.planner.time import step_time  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -160,57 +164,26 @@ def _megatron_flops(B: int, s: int, L: int, h: int, V: int) -> float:
     return 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
 
 
-def _plan_vs_published(model, gpus, work, hw, layout, published_tflops, flops_per_step) -> dict:
-    fixed = evaluate(model, layout, work, hw)
-    pred = flops_per_step / fixed.time.total / gpus / 1e12
-    t0 = time.perf_counter()
-    result = search(model, gpus, work, hw, top=1)
-    top = result.plans[0] if result.plans else None
-    return {"layout": layout.to_dict(), "published_tflops_per_gpu": published_tflops,
-            "predicted_tflops_per_gpu": pred, "error_pct": pct(pred, published_tflops),
-            "predicted_step_s": fixed.time.total, "predicted_memory_gb": fixed.memory.total / 1e9,
-            "fits_by_planner": fixed.fits, "bottleneck": fixed.time.bottleneck,
-            "planner_top": None if top is None else {
-                "layout": top.layout.to_dict(), "step_s": top.time.total,
-                "speedup_vs_published_layout": fixed.time.total / top.time.total},
-            "search_s": time.perf_counter() - t0}
-
-
-def part_published() -> dict:
-    a100 = get_hardware("a100-80g")
+def _published_rows() -> list[dict]:
+    """Every published configuration: the model, the layout as published, the hardware and the figure."""
+    a100, h100 = get_hardware("a100-80g"), get_hardware("h100-80g")
     s, V = 2048, 51200
-    # Calibrate matmul efficiency on Table 1's first row only.
-    first = MEGATRON_TABLE1[0]
-    model0 = ModelShape("megatron-1.7b", first[3], first[2], first[1], V, max_positions=s)
-    work0 = Workload(s, first[7])
-    layout0 = Layout(dp=first[6], micro_batch=1, num_micro=first[7] // first[6], recompute="full")
-    f0 = _megatron_flops(first[7], s, first[3], first[2], V)
-    lo, hi = 0.05, 1.0
-    for _ in range(50):  # bisect: predicted TFLOP/s rises with efficiency
-        mid = (lo + hi) / 2
-        hw = dataclasses.replace(a100, matmul_efficiency=mid)
-        pred = f0 / evaluate(model0, layout0, work0, hw).time.total / first[6] / 1e12
-        lo, hi = (mid, hi) if pred < first[8] else (lo, mid)
-    eff = (lo + hi) / 2
-    hw = dataclasses.replace(a100, matmul_efficiency=eff)
     rows = []
-    for params, heads, h, L, t, p, n, B, x in MEGATRON_TABLE1:
-        model = ModelShape(f"megatron-{params}b", L, h, heads, V, max_positions=s)
-        work = Workload(s, B)
+    for i, (params, heads, h, L, t, p, n, B, x) in enumerate(MEGATRON_TABLE1):
         d = n // (t * p)
-        layout = Layout(dp=d, mp=t, pp=p, micro_batch=1, num_micro=B // d, recompute="full")
-        row = _plan_vs_published(model, n, work, hw, layout, x, _megatron_flops(B, s, L, h, V))
         rows.append({"source": "Narayanan et al. 2021 Table 1", "model_b": params, "gpus": n, "batch": B,
-                     "calibration_row": params == first[0], **row})
-    gpt3 = load_model("gpt-175b")
-    gpt3 = dataclasses.replace(gpt3, vocab=V, name="gpt-3 175b (vocab 51200)")
+                     "model": ModelShape(f"megatron-{params}b", L, h, heads, V, max_positions=s),
+                     "work": Workload(s, B), "hw": a100, "published": x, "flops": _megatron_flops(B, s, L, h, V),
+                     "layout": Layout(dp=d, mp=t, pp=p, micro_batch=1, num_micro=B // d, recompute="full"),
+                     "calibration_row": i % 2 == 0})  # every other row of Table 1, fixed before fitting
+    gpt3 = dataclasses.replace(load_model("gpt-175b"), vocab=V, name="gpt-3 175b (vocab 51200)")
     for n, x in MEGATRON_TABLE2:
         d = n // 96
-        layout = Layout(dp=d, mp=8, pp=12, micro_batch=1, num_micro=1536 // d, recompute="full")
-        row = _plan_vs_published(gpt3, n, Workload(s, 1536), hw, layout, x, _megatron_flops(1536, s, 96, 12288, V))
         rows.append({"source": "Narayanan et al. 2021 Table 2 (PTD-P)", "model_b": 174.6, "gpus": n, "batch": 1536,
-                     "calibration_row": False, **row})
-    h100 = dataclasses.replace(get_hardware("h100-80g"), matmul_efficiency=eff)
+                     "model": gpt3, "work": Workload(s, 1536), "hw": a100, "published": x,
+                     "flops": _megatron_flops(1536, s, 96, 12288, V),
+                     "layout": Layout(dp=d, mp=8, pp=12, micro_batch=1, num_micro=1536 // d, recompute="full"),
+                     "calibration_row": False})
     # Llama 3 405B as a FLOP-equivalent GPT shape: GQA attention (8 KV heads of 128) and the SwiGLU
     # MLP (3 x h x 53248) have the parameter count of 4h^2 + 2 h f with f = 64512, so 6N + 12Lhs match.
     h, L = 16384, 126
@@ -218,25 +191,113 @@ def part_published() -> dict:
     llama = ModelShape("llama3-405b (FLOP-equivalent GPT shape)", L, h, 128, 128256, ffn, 8192)
     for n, t, p, d, seq, bpd, x, mfu in LLAMA3_TABLE4:
         work = Workload(seq, bpd * d)
-        layout = Layout(dp=1, sharding=d, stage=2, mp=t, pp=p, micro_batch=1, num_micro=bpd, recompute="none",
-                        schedule="Interleaved1F1B", vpp=2)
-        flops = llama.flops_per_token(seq) * work.tokens
-        row = _plan_vs_published(llama, n, work, h100, layout, x, flops)
         rows.append({"source": "Llama 3 (Dubey et al. 2024) Table 4", "model_b": 405, "gpus": n, "batch": bpd * d,
-                     "published_mfu": mfu, "calibration_row": False, **row})
-    held_out = [r for r in rows if not r["calibration_row"]]
-    return {"matmul_efficiency_calibrated": eff, "rows": rows,
-            "held_out_median_abs_error_pct": statistics.median(abs(r["error_pct"]) for r in held_out),
-            "held_out_within_15pct": sum(abs(r["error_pct"]) <= 15 for r in held_out),
-            "held_out_rows": len(held_out),
-            "assumptions": ["micro-batch 1 and the 1F1B schedule for Table 1 (the table does not say)",
-                            "full recompute for Megatron (its FLOP count, eq. 3, includes the extra forward)",
-                            "Table 2: model-parallel size 96 taken as t=8 x p=12",
-                            "Llama 3: FLOP-equivalent GPT shape; FSDP without reshard-after-forward = sampan ZeRO-2 "
-                            "over DP; interleaved vpp=2 and micro-batch 1 assumed (not given); no recompute, as the "
-                            "paper says; 126/16 layers rounded up per stage",
-                            "predictions price sampan's implementation (fp32 FSDP collectives, no TP overlap), "
-                            "not Megatron's or Meta's"]}
+                     "published_mfu": mfu, "model": llama, "work": work, "hw": h100, "published": x,
+                     "flops": llama.flops_per_token(seq) * work.tokens,
+                     "layout": Layout(dp=1, sharding=d, stage=2, mp=t, pp=p, micro_batch=1, num_micro=bpd,
+                                      recompute="none", schedule="Interleaved1F1B", vpp=2),
+                     "calibration_row": False})
+    return rows
+
+
+def _predicted_tflops(row: dict, **curve: float) -> float:
+    hw = dataclasses.replace(row["hw"], **curve)
+    return row["flops"] / step_time(row["model"], row["layout"], row["work"], hw).total / row["gpus"] / 1e12
+
+
+def _fit(rows: list[dict], constant: bool = False) -> dict:
+    """Least squares in log throughput: ``efficiency_max`` and ``efficiency_h0`` of the width curve (or
+    one constant efficiency), by a grid search that zooms in four times."""
+    def loss(e: float, h0: float) -> float:
+        curve = {"matmul_efficiency": e} if constant else {"efficiency_max": e, "efficiency_h0": h0}
+        return sum(math.log(_predicted_tflops(r, **curve) / r["published"]) ** 2 for r in rows)
+
+    e_lo, e_hi, h_lo, h_hi = 0.3, 1.0, 0.0, 8000.0
+    best = None
+    for _ in range(5):
+        es = [e_lo + (e_hi - e_lo) * i / 14 for i in range(15)]
+        hs = [0.0] if constant else [h_lo + (h_hi - h_lo) * i / 14 for i in range(15)]
+        for e in es:
+            for h0 in hs:
+                value = loss(e, h0)
+                if best is None or value < best[0]:
+                    best = (value, e, h0)
+        _, e, h0 = best
+        de, dh = (e_hi - e_lo) / 7, (h_hi - h_lo) / 7
+        e_lo, e_hi = max(0.01, e - de), min(1.0, e + de)
+        h_lo, h_hi = max(0.0, h0 - dh), h0 + dh
+    _, e, h0 = best
+    return {"matmul_efficiency": e} if constant else {"efficiency_max": e, "efficiency_h0": h0}
+
+
+def _summary(errors: list[float]) -> dict:
+    return {"rows": len(errors), "within_15pct": sum(abs(e) <= 15 for e in errors),
+            "median_abs_error_pct": statistics.median(abs(e) for e in errors),
+            "max_abs_error_pct": max(abs(e) for e in errors)}
+
+
+def part_published() -> dict:
+    rows = _published_rows()
+    calibration = [r for r in rows if r["calibration_row"]]
+    curve = _fit(calibration)
+    constant = _fit(calibration, constant=True)
+    out_rows = []
+    for r in rows:
+        hw = dataclasses.replace(r["hw"], **curve)
+        fixed = evaluate(r["model"], r["layout"], r["work"], hw)
+        pred = r["flops"] / fixed.time.total / r["gpus"] / 1e12
+        pred_constant = _predicted_tflops(r, **constant)
+        t0 = time.perf_counter()
+        result = search(r["model"], r["gpus"], r["work"], hw, top=1)
+        top = result.plans[0] if result.plans else None
+        extra = {"published_mfu": r["published_mfu"]} if "published_mfu" in r else {}
+        out_rows.append({
+            "source": r["source"], "model_b": r["model_b"], "gpus": r["gpus"], "batch": r["batch"], **extra,
+            "calibration_row": r["calibration_row"], "layout": r["layout"].to_dict(), "hidden": r["model"].hidden,
+            "efficiency_used": hw.efficiency(r["model"].hidden),
+            "published_tflops_per_gpu": r["published"], "predicted_tflops_per_gpu": pred,
+            "error_pct": pct(pred, r["published"]),
+            "constant_efficiency_error_pct": pct(pred_constant, r["published"]),
+            "predicted_step_s": fixed.time.total, "predicted_memory_gb": fixed.memory.total / 1e9,
+            "fits_by_planner": fixed.fits, "bottleneck": fixed.time.bottleneck,
+            "planner_top": None if top is None else {
+                "layout": top.layout.to_dict(), "step_s": top.time.total,
+                "speedup_vs_published_layout": fixed.time.total / top.time.total},
+            "search_s": time.perf_counter() - t0})
+    held = [r for r in out_rows if not r["calibration_row"]]
+    # Leave-one-out over the 13 Megatron-LM rows (A100): fit the curve on the other 12, predict the one.
+    megatron = [r for r in rows if r["source"].startswith("Narayanan")]
+    loo = []
+    for i, r in enumerate(megatron):
+        fit = _fit(megatron[:i] + megatron[i + 1:])
+        loo.append({"source": r["source"], "model_b": r["model_b"], "gpus": r["gpus"], **fit,
+                    "error_pct": pct(_predicted_tflops(r, **fit), r["published"])})
+    loo_constant = []
+    for i, r in enumerate(megatron):
+        fit = _fit(megatron[:i] + megatron[i + 1:], constant=True)
+        loo_constant.append(pct(_predicted_tflops(r, **fit), r["published"]))
+    tops = [r for r in out_rows if r["planner_top"] is not None]
+    return {
+        "curve": curve, "constant_efficiency_same_rows": constant["matmul_efficiency"],
+        "calibration_rows": [f"{r['source']} {r['model_b']}B" for r in rows if r["calibration_row"]],
+        "rows": out_rows,
+        "held_out": _summary([r["error_pct"] for r in held]),
+        "held_out_megatron": _summary([r["error_pct"] for r in held if r["source"].startswith("Narayanan")]),
+        "held_out_with_constant_efficiency": _summary([r["constant_efficiency_error_pct"] for r in held]),
+        "leave_one_out_megatron": {**_summary([r["error_pct"] for r in loo]), "folds": loo},
+        "leave_one_out_megatron_constant_efficiency": _summary(loo_constant),
+        "planner_top_at_least_as_fast": sum(r["planner_top"]["speedup_vs_published_layout"] >= 1 - 1e-9
+                                            for r in tops),
+        "planner_top_rows": len(tops),
+        "assumptions": ["micro-batch 1 and the 1F1B schedule for Table 1 (the table does not say)",
+                        "full recompute for Megatron (its FLOP count, eq. 3, includes the extra forward)",
+                        "Table 2: model-parallel size 96 taken as t=8 x p=12",
+                        "the width curve is fitted on A100 rows and applied unchanged to the H100 (Llama 3) rows",
+                        "Llama 3: FLOP-equivalent GPT shape; FSDP without reshard-after-forward = sampan ZeRO-2 "
+                        "over DP; interleaved vpp=2 and micro-batch 1 assumed (not given); no recompute, as the "
+                        "paper says; 126/16 layers rounded up per stage",
+                        "predictions price sampan's implementation (fp32 FSDP collectives, no TP overlap), "
+                        "not Megatron's or Meta's"]}
 
 
 def part_search_speed() -> dict:
@@ -264,14 +325,20 @@ def main() -> int:
     m, c, p = report["memory"], report["cpu_time"], report["published"]
     print(f"memory: max |error| {m['max_abs_error_pct']:.2f}% over {len(m['state'])} layouts x 3 + 3 recompute modes")
     print(f"cpu step time: spearman {c['spearman']:.2f}, median |error| {c['median_abs_error_pct']:.1f}%")
-    print(f"published (efficiency {p['matmul_efficiency_calibrated']:.3f} from one row):")
+    c_ = p["curve"]
+    print(f"published: efficiency = {c_['efficiency_max']:.4f} * h / (h + {c_['efficiency_h0']:.1f}), fitted on "
+          f"{len(p['calibration_rows'])} rows:")
     for r in p["rows"]:
         top = r["planner_top"]
         print(f"  {r['source'][:34]:34} {r['model_b']:>7}B {r['gpus']:>6} GPUs  published {r['published_tflops_per_gpu']:>4} "
-              f"predicted {r['predicted_tflops_per_gpu']:6.1f} TFLOP/s ({r['error_pct']:+6.1f}%)"
+              f"predicted {r['predicted_tflops_per_gpu']:6.1f} TFLOP/s ({r['error_pct']:+6.1f}%"
+              f"{', calibration' if r['calibration_row'] else ''})"
               f"  top choice x{top['speedup_vs_published_layout'] if top else float('nan'):.2f}")
-    print(f"  held out: median |error| {p['held_out_median_abs_error_pct']:.1f}%, "
-          f"{p['held_out_within_15pct']}/{p['held_out_rows']} within 15%")
+    for key in ("held_out", "held_out_megatron", "held_out_with_constant_efficiency", "leave_one_out_megatron",
+                "leave_one_out_megatron_constant_efficiency"):
+        v = p[key]
+        print(f"  {key}: {v['within_15pct']}/{v['rows']} within 15%, median |error| {v['median_abs_error_pct']:.1f}%, "
+              f"max {v['max_abs_error_pct']:.1f}%")
     for k, v in report["search_speed"].items():
         print(f"search {k}: {v['seconds']:.2f} s, {v['considered']:,} layouts, top {v['top']}")
     print(f"wrote {args.out}")

@@ -143,7 +143,7 @@ def test_search_ranks_fitting_layouts_fastest_first():
     times = [p.time.total for p in result.plans]
     assert times == sorted(times)
     assert all(p.fits and p.memory.total <= hw.memory_bytes for p in result.plans)
-    assert all(0 < p.mfu < hw.matmul_efficiency + 1e-9 for p in result.plans)
+    assert all(0 < p.mfu < hw.efficiency(model.hidden) + 1e-9 for p in result.plans)
 
 
 def test_search_for_175b_on_1024_gpus_is_fast():

@@ -9,11 +9,24 @@ Bandwidths are given in the units vendors quote, and converted here once:
 
 ``link_efficiency`` is the share of that a large NCCL ring collective reaches (bus bandwidth over
 link bandwidth); ``latency_*_us`` are the alpha terms of the alpha-beta model, per ring step.
+
+Compute runs at a share of peak that grows with the model's width ``h`` (:meth:`Hardware.efficiency`):
+``efficiency_max * h / (h + efficiency_h0)``. Why this form: per token, a block's matmuls do
+``~24 h^2`` FLOPs while its element-wise work (norms, GELU, bias, residual adds, softmax
+statistics) moves ``~c h`` bytes and runs at memory speed, so the matmul share of the time is
+``h / (h + h0)``. The two constants are fitted in ``benchmarks/planner.py`` on five rows of
+Narayanan et al. 2021, Table 1 (A100), and checked on the other published runs; see
+docs/planner.md. ``--matmul-efficiency`` replaces the curve by one constant.
 """
 
 from __future__ import annotations
 
 import dataclasses
+
+# Fitted by benchmarks/planner.py (part "published": least squares in log throughput over its
+# calibration rows); tests/test_planner_efficiency.py checks these equal benchmarks/results/planner.json.
+EFFICIENCY_MAX = 0.6683673469387754
+EFFICIENCY_H0 = 599.3931100136847
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,8 +48,10 @@ class Hardware:
     link_efficiency: float = 0.8
     latency_intra_us: float = 5.0
     latency_inter_us: float = 15.0
-    matmul_efficiency: float = 0.56
-    """Share of peak that the model's matmuls reach at large per-GPU shapes (calibrated; see docs/planner.md)."""
+    matmul_efficiency: float | None = None
+    """A fixed share of peak for the model's FLOPs; None: the width curve (:meth:`efficiency`)."""
+    efficiency_max: float = EFFICIENCY_MAX
+    efficiency_h0: float = EFFICIENCY_H0
 
     def __post_init__(self) -> None:
         for name in ("gpus_per_node",):
@@ -47,8 +62,18 @@ class Hardware:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"hardware {name} must be a number > 0, got {value!r}")
-        if not 0 < self.link_efficiency <= 1 or not 0 < self.matmul_efficiency <= 1:
-            raise ValueError("hardware link_efficiency and matmul_efficiency must be in (0, 1]")
+        if not 0 < self.link_efficiency <= 1 or not 0 < self.efficiency_max <= 1:
+            raise ValueError("hardware link_efficiency and efficiency_max must be in (0, 1]")
+        if self.matmul_efficiency is not None and not 0 < self.matmul_efficiency <= 1:
+            raise ValueError(f"matmul efficiency must be in (0, 1], got {self.matmul_efficiency!r}")
+        if self.efficiency_h0 < 0:
+            raise ValueError(f"efficiency_h0 must be >= 0, got {self.efficiency_h0!r}")
+
+    def efficiency(self, hidden: int) -> float:
+        """Share of peak the FLOPs of a model of width ``hidden`` run at (see the module docstring)."""
+        if self.matmul_efficiency is not None:
+            return self.matmul_efficiency
+        return self.efficiency_max * hidden / (hidden + self.efficiency_h0)
 
     # -- derived, in SI units -------------------------------------------------------------------
     @property

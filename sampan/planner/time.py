@@ -1,7 +1,7 @@
 """Seconds per optimizer step of a layout, split into where the time goes.
 
 * compute: the stage's FLOPs (``6 N + 12 L h s`` per token, plus one more forward of the blocks
-  with full recompute) at ``matmul_efficiency`` of peak;
+  with full recompute) at ``Hardware.efficiency(h)`` of peak (a curve in the model's width);
 * tensor parallel: 4 all-reduces of ``b s h`` activations per block and micro-batch (2 forward,
   2 backward; all-gather + reduce-scatter with sequence parallel, the same bytes), plus the
   vocabulary-parallel embedding's; 2 more per block with full recompute. Sampan does not overlap
@@ -93,7 +93,7 @@ def step_time(model: ModelShape, layout: Layout, work: Workload, hw: Hardware, o
     head_flops = 6 * model.vocab * h * tokens_mb / t
     recompute_flops = block_flops / 3 if layout.recompute == "full" else 0.0  # one more forward
     flops_mb = layers * (block_flops + recompute_flops) + head_flops  # the last stage: blocks + head
-    rate = hw.peak_flops * hw.matmul_efficiency
+    rate = hw.peak_flops * hw.efficiency(model.hidden)
     compute_mb = flops_mb / rate
 
     # -- tensor parallel, per micro-batch ----------------------------------------------------------
