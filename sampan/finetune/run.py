@@ -1,0 +1,160 @@
+"""``finetune(cfg)``: data -> base model -> method -> Trainer (dev selection) -> test metrics -> output dir."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sampan.finetune.base import build_task_model, load_base
+from sampan.finetune.config import FinetuneConfig
+from sampan.finetune.data import load_task_data
+from sampan.finetune.encoding import EncodedDataset, PadCollator, encode_examples
+from sampan.finetune.evaluate import SELECTION_METRIC, evaluate_examples
+from sampan.finetune.task_model import apply_method, save_task_model, trainable_state
+from sampan.trainer import Trainer, TrainerCallback, TrainingArguments
+
+TRAINING_DIR = "training"  # the Trainer's run (metrics.jsonl, TensorBoard) inside output_dir
+
+
+@dataclasses.dataclass
+class FinetuneResult:
+    """What a fine-tuning run produced.
+
+    Fields:
+        output_dir: the model directory (see ``load_task_model``).
+        metrics: test-split metrics of the selected model (sentiment: ``accuracy``; ner: micro
+            ``precision`` / ``recall`` / ``f1`` and ``PER_f1`` ... per type), plus ``loss``.
+        dev_metrics: dev-split metrics of the selected (best dev) evaluation, with its ``step``.
+        trainable_parameters: parameters that trained (LoRA / adapter / head for those methods).
+        total_parameters: parameters of the model as trained (with LoRA / adapter modules).
+        train_seconds: wall time of the training loop.
+        initial_dev_metrics: dev-split metrics before the first step (the base with a fresh head).
+        labels: the label names in id order.
+        data_sizes: examples per split after deduplication and sampling.
+        load_report: how the base weights went into the task model.
+    """
+
+    output_dir: Path
+    metrics: dict[str, float]
+    dev_metrics: dict[str, float]
+    trainable_parameters: int
+    total_parameters: int
+    train_seconds: float
+    labels: list[str]
+    data_sizes: dict[str, int]
+    load_report: str
+    initial_dev_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+class DevSelection(TrainerCallback):
+    """Scores the dev split every ``eval_steps`` and at the last step, reports it through the
+    Trainer's callbacks (metrics.jsonl, TensorBoard, console), and keeps the best trainable state."""
+
+    def __init__(self, evaluate, metric: str, eval_steps: int):
+        self.evaluate, self.metric, self.eval_steps = evaluate, metric, eval_steps
+        self.trainer: Trainer | None = None
+        self.best: dict[str, Any] | None = None
+        self.best_state: dict[str, torch.Tensor] | None = None
+        self.initial: dict[str, Any] = {}
+
+    def on_train_begin(self, args, state):
+        # The starting point, for the record (and to show training moved it); never selected.
+        self.initial = {"step": state.global_step, **self.evaluate()}
+
+    def on_step_end(self, args, state):
+        step = state.global_step
+        if not (step == state.max_steps or (self.eval_steps and step % self.eval_steps == 0)):
+            return
+        scores = self.evaluate()
+        record = {"step": step, **{f"eval_{k}": v for k, v in scores.items()}}
+        for cb in self.trainer.callbacks:
+            if cb is not self:
+                cb.on_evaluate(args, state, record)
+        if self.best is None or scores[self.metric] > self.best[self.metric]:
+            self.best = {"step": step, **scores}
+            self.best_state = trainable_state(self.trainer.model)
+
+
+def _prepare_output_dir(path: Path, overwrite: bool) -> None:
+    if path.exists() and any(path.iterdir()):
+        if not overwrite:
+            raise ValueError(f"output directory {path} is not empty; pass overwrite=True (--overwrite) to replace it "
+                             "or choose another output_dir")
+        shutil.rmtree(path)
+    path.mkdir(parents=True, exist_ok=True)
+
+
+def finetune(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = None) -> FinetuneResult:
+    """Fine-tune ``cfg.model`` on ``cfg.task`` and write the model to ``cfg.output_dir``.
+
+    Training runs through ``sampan.trainer.Trainer`` (progress, ``training/metrics.jsonl``,
+    TensorBoard under ``training/``); the dev split picks the best evaluation, whose weights are
+    scored on the test split and saved. The Trainer's checkpoint is deleted once the model is
+    written (the model directory is the product; the run is short).
+    """
+    if not isinstance(cfg, FinetuneConfig):
+        raise TypeError("finetune() takes a sampan.finetune.FinetuneConfig")
+    out = Path(cfg.output_dir)
+    _prepare_output_dir(out, cfg.overwrite)
+    data = load_task_data(cfg.task, cfg.data, cfg.max_length, cfg.dev_fraction, cfg.seed,
+                          cfg.max_train_examples, cfg.max_eval_examples)
+    base = load_base(cfg.model, [ex.text for ex in data.train], cfg.tokenizer_vocab_size)
+    if cfg.save == "adapter" and base.directory is None:
+        raise ValueError("save='adapter' needs a base model directory (the adapter points at it); "
+                         f"{cfg.model!r} is a config name with random weights: use save='merged'")
+    model, report = build_task_model(base, cfg.task, len(data.labels), cfg.seed, cfg.max_length)
+    print(f"base {cfg.model}: {report}")
+    method_args = {"lora_rank": cfg.lora_rank, "lora_alpha": cfg.lora_alpha, "lora_dropout": cfg.lora_dropout,
+                   "lora_targets": list(cfg.lora_targets)} if cfg.method == "lora" else (
+        {"adapter_size": cfg.adapter_size} if cfg.method == "adapter" else {})
+    torch.manual_seed(cfg.seed)  # LoRA / adapter init
+    apply_method(model, cfg.method, method_args, report.initialised)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+
+    encode = {name: encode_examples(base.tokenizer, getattr(data, name), cfg.task, data.labels, cfg.max_length)
+              for name in ("train", "dev", "test")}
+    collator = PadCollator(base.features, base.feature_names)
+    if len(encode["train"]) < cfg.batch_size:
+        raise ValueError(f"only {len(encode['train'])} training examples, fewer than one batch of {cfg.batch_size}; "
+                         "lower batch_size or give more data")
+    steps = cfg.max_steps if cfg.max_steps > 0 else max(1, math.ceil(cfg.epochs * (len(encode["train"]) // cfg.batch_size)))
+    args = TrainingArguments(
+        output_dir=str(out / TRAINING_DIR), max_steps=steps, per_device_train_batch_size=cfg.batch_size,
+        per_device_eval_batch_size=cfg.batch_size, learning_rate=cfg.learning_rate, lr_scheduler="linear",
+        warmup_steps=int(cfg.warmup * steps), weight_decay=cfg.weight_decay, seed=cfg.seed,
+        logging_steps=min(cfg.logging_steps, steps), eval_steps=0, save_steps=0, overwrite_output_dir=True,
+        peak_flops=0, max_grad_norm=1.0)
+    metric = SELECTION_METRIC[cfg.task]
+    selection = DevSelection(
+        lambda: evaluate_examples(model, cfg.task, data.dev, encode["dev"], data.labels, collator),
+        metric, cfg.eval_steps)
+    trainer = Trainer(model, args, EncodedDataset(encode["train"]), data_collator=collator,
+                      callbacks=[selection, *(callbacks or [])])
+    selection.trainer = trainer
+    start = time.perf_counter()
+    trainer.train()
+    train_seconds = time.perf_counter() - start
+    with torch.no_grad():
+        params = dict(model.named_parameters())
+        for name, tensor in selection.best_state.items():
+            params[name].copy_(tensor)
+    test = evaluate_examples(model, cfg.task, data.test, encode["test"], data.labels, collator)
+    for checkpoint in (out / TRAINING_DIR).glob("checkpoint-*"):
+        shutil.rmtree(checkpoint)
+    meta = {
+        "task": cfg.task, "labels": data.labels, "max_length": cfg.max_length, "base_model": cfg.model,
+        "method": cfg.method, "method_args": method_args, "metrics": test, "dev_metrics": selection.best,
+        "trainable_parameters": trainable, "total_parameters": total, "seed": cfg.seed,
+        "features": list(base.feature_names), "data": cfg.data, "data_sizes": data.sizes(),
+        "steps": steps, "learning_rate": cfg.learning_rate, "batch_size": cfg.batch_size,
+    }
+    save_task_model(model, out, meta, base, cfg.save)
+    return FinetuneResult(out, test, selection.best, trainable, total, train_seconds, data.labels, data.sizes(),
+                          str(report), selection.initial)

@@ -1,0 +1,316 @@
+"""sampan.finetune: leak-free splits, BIO tags, span F1, full / LoRA / Adapter training, merge-back,
+both output layouts, user JSONL data and the CLI, on a tiny random-init ERNIE base directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from sampan.finetune import (
+    FinetuneConfig,
+    LoRALinear,
+    apply_adapters,
+    apply_lora,
+    bio_labels,
+    decode_entities,
+    encode_bio,
+    finetune,
+    load_task_data,
+    load_task_model,
+    merge_lora,
+    read_jsonl,
+    span_f1,
+    tokenize_for_task,
+)
+from sampan.finetune.data import sentence_windows
+from sampan.models import create
+from sampan.models.ernie.config import ErnieConfig
+from sampan.text.corpus import load_corpus
+from sampan.text.tokenizer import PAD_ID, ChineseTokenizer
+
+HIDDEN, LAYERS = 32, 2
+NER_LABELS = bio_labels(["PER", "LOC", "ORG"])
+# Small runs: a few steps on a few hundred examples, short inputs.
+FAST = dict(max_steps=12, batch_size=16, max_length=48, max_train_examples=320, max_eval_examples=64,
+            logging_steps=4)
+
+
+@pytest.fixture(scope="module")
+def base_dir(tmp_path_factory) -> Path:
+    """A tiny random-init ERNIE MLM saved like `sampan pretrain` output, with a tokenizer trained on corpus lines."""
+    texts = [d.text for d in load_corpus("news", "train")[:2500]] + [d.text for d in load_corpus("reviews", "train")[:1500]]
+    tokenizer = ChineseTokenizer.train(texts, vocab_size=3000)
+    torch.manual_seed(0)
+    model = create(ErnieConfig(vocab_size=tokenizer.vocab_size, hidden_size=HIDDEN, num_layers=LAYERS, num_heads=2,
+                               max_position_embeddings=64, pad_token_id=PAD_ID), head="masked_lm")
+    out = tmp_path_factory.mktemp("base") / "ernie-micro"
+    model.save_pretrained(out)
+    tokenizer.save(out / "tokenizer.json")
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(base_dir, tmp_path_factory):
+    """Fine-tunes shared by several tests, each run once: {name: FinetuneResult}."""
+    root = tmp_path_factory.mktemp("runs")
+    specs = {
+        "full": dict(method="full", learning_rate=1e-3),
+        "lora": dict(method="lora", learning_rate=3e-3),
+        "lora-adapter-layout": dict(method="lora", learning_rate=3e-3, save="adapter"),
+        "adapter": dict(method="adapter", learning_rate=3e-3),
+        "adapter-adapter-layout": dict(method="adapter", learning_rate=3e-3, save="adapter"),
+    }
+    return {name: finetune(FinetuneConfig(task="ner", model=str(base_dir), output_dir=str(root / name), **FAST, **spec))
+            for name, spec in specs.items()}
+
+
+# -- data -------------------------------------------------------------------------------------------
+def test_sentiment_splits_are_leak_free():
+    data = load_task_data("sentiment_analysis", max_length=128, seed=0)
+    train, dev, test = ({ex.text for ex in split} for split in (data.train, data.dev, data.test))
+    assert not (test & train) and not (test & dev) and not (dev & train)
+    assert data.labels == ["negative", "positive"]
+    # the whole deduplicated test split is used; dev is ~10% of the training reviews
+    assert len(data.test) == len(load_corpus("reviews", "test"))
+    assert 0.07 < len(data.dev) / (len(data.dev) + len(data.train)) < 0.13
+    # the dev split depends on the seed, the test split does not
+    other = load_task_data("sentiment_analysis", max_length=128, seed=1)
+    assert {ex.id for ex in other.dev} != {ex.id for ex in data.dev}
+    assert {ex.id for ex in other.test} == {ex.id for ex in data.test}
+
+
+def test_ner_splits_are_leak_free_by_document_and_text():
+    data = load_task_data("ner", max_length=64)
+    ids = [{ex.id for ex in split} for split in (data.train, data.dev, data.test)]
+    docs = [{ex.group for ex in split} for split in (data.train, data.dev, data.test)]
+    texts = [{ex.text for ex in split} for split in (data.train, data.dev, data.test)]
+    for a, b in ((0, 1), (0, 2), (1, 2)):
+        assert not ids[a] & ids[b] and not docs[a] & docs[b] and not texts[a] & texts[b]
+    # People's Daily repeats paragraphs and datelines: those copies were dropped, not scored
+    assert data.dropped_duplicates > 0
+    assert data.labels == NER_LABELS
+    assert max(len(ex.text) for ex in data.train + data.dev + data.test) <= 62
+    for ex in data.test[:500]:
+        assert all(0 <= s < e <= len(ex.text) for s, e, _ in ex.entities)
+
+
+def test_sentence_windows_keep_offsets_and_never_cut_an_entity():
+    text = "江泽民主席在北京人民大会堂会见了客人。他说，中华人民共和国将继续发展；" + "很" * 30 + "好。"
+    entities = [(0, 3, "PER"), (6, 8, "LOC"), (8, 13, "LOC"), (22, 29, "LOC")]
+    windows = sentence_windows(text, entities, max_chars=12)
+    assert all(0 < e - s <= 12 for s, e in windows)
+    assert "".join(text[s:e] for s, e in windows) == text  # no blanks here, so windows tile the text
+    for s, e in windows:
+        assert not any(es < s < ee or es < e < ee for es, ee, _ in entities)
+
+
+# -- BIO tags and metrics -----------------------------------------------------------------------------
+def test_bio_encode_decode_round_trips_gold_spans(base_dir):
+    tokenizer = ChineseTokenizer.load(base_dir / "tokenizer.json")
+    data = load_task_data("ner", max_length=128, max_eval_examples=400)
+    encoded = tokenize_for_task(tokenizer, [ex.text for ex in data.test], 128)
+    n_spans = 0
+    for ex, enc in zip(data.test, encoded, strict=True):
+        tags = encode_bio(enc.offsets, ex.entities, NER_LABELS)
+        assert tags[0] == -100 and tags[-1] == -100  # [CLS], [SEP]
+        spans = decode_entities(ex.text, enc.offsets, [max(t, 0) for t in tags], NER_LABELS)
+        assert sorted((s["start"], s["end"], s["type"]) for s in spans) == sorted(ex.entities)
+        assert all(s["text"] == ex.text[s["start"]:s["end"]] for s in spans)
+        n_spans += len(spans)
+    assert n_spans > 200
+
+
+def test_bio_handles_word_pieces_and_missing_b_tags(base_dir):
+    tokenizer = ChineseTokenizer.load(base_dir / "tokenizer.json")
+    text = "iphone在北京"
+    enc = tokenize_for_task(tokenizer, [text], 32)[0]
+    tags = encode_bio(enc.offsets, [(0, 6, "ORG"), (7, 9, "LOC")], NER_LABELS)
+    named = [NER_LABELS[t] if t >= 0 else None for t in tags]
+    pieces = len(enc.offsets) - 2 - 3  # tokens of "iphone"
+    assert named == [None, "B-ORG"] + ["I-ORG"] * (pieces - 1) + ["O", "B-LOC", "I-LOC", None]
+    # an I- without a B- opens a span; a type change closes the previous one
+    offsets = [(0, 0), (0, 1), (1, 2), (2, 3), (3, 4), (0, 0)]
+    ids = [0, NER_LABELS.index("I-PER"), NER_LABELS.index("I-PER"), NER_LABELS.index("I-LOC"), 0, 0]
+    assert decode_entities("王小明好", offsets, ids, NER_LABELS) == [
+        {"text": "王小", "type": "PER", "start": 0, "end": 2}, {"text": "明", "type": "LOC", "start": 2, "end": 3}]
+
+
+def test_span_f1_on_hand_made_cases():
+    gold = [[(0, 2, "PER"), (5, 7, "LOC")], [(1, 3, "ORG")], []]
+    pred = [[(0, 2, "PER"), (5, 8, "LOC")], [{"start": 1, "end": 3, "type": "ORG"}], [(0, 1, "PER")]]
+    scores = span_f1(gold, pred)
+    assert scores["micro"]["precision"] == pytest.approx(2 / 4)
+    assert scores["micro"]["recall"] == pytest.approx(2 / 3)
+    assert scores["micro"]["f1"] == pytest.approx(2 * 0.5 * (2 / 3) / (0.5 + 2 / 3))
+    assert scores["PER"] == {"precision": 0.5, "recall": 1.0, "f1": pytest.approx(2 / 3), "support": 1}
+    assert scores["LOC"]["f1"] == 0.0 and scores["ORG"]["f1"] == 1.0
+    assert span_f1([[]], [[]])["micro"]["f1"] == 0.0
+    with pytest.raises(ValueError, match="one prediction list per example"):
+        span_f1(gold, pred[:2])
+
+
+# -- LoRA / adapters ----------------------------------------------------------------------------------
+def _tiny_classifier(vocab: int = 50):
+    torch.manual_seed(0)
+    return create(ErnieConfig(vocab_size=vocab, hidden_size=HIDDEN, num_layers=LAYERS, num_heads=2,
+                              max_position_embeddings=32, num_labels=3), head="token_classification").eval()
+
+
+def test_lora_starts_as_the_base_and_merges_back_exactly():
+    model = _tiny_classifier()
+    ids = torch.randint(5, 50, (3, 12))
+    before = model(ids)
+    names = apply_lora(model, ["q_proj", "k_proj", "v_proj", "out_proj"], rank=4, alpha=8)
+    assert len(names) == 4 * LAYERS
+    assert torch.equal(model(ids), before)  # B starts at zero
+    for module in model.modules():
+        if isinstance(module, LoRALinear):
+            torch.nn.init.normal_(module.lora_B, std=0.5)
+    adapted = model(ids)
+    assert (adapted - before).abs().max() > 1e-2
+    assert merge_lora(model) == 4 * LAYERS
+    assert not any(isinstance(m, LoRALinear) for m in model.modules())
+    assert set(model.state_dict()) == set(_tiny_classifier().state_dict())  # a plain sampan model again
+    assert torch.allclose(model(ids), adapted, atol=1e-5)
+    with pytest.raises(ValueError, match="no linear layer named"):
+        apply_lora(model, ["query"], rank=4, alpha=8)
+
+
+def test_adapters_start_as_identity_and_wrap_attention_and_ffn_outputs():
+    model = _tiny_classifier()
+    ids = torch.randint(5, 50, (2, 10))
+    before = model(ids)
+    names = apply_adapters(model, size=8)
+    assert sorted(n.rpartition(".")[2] for n in names) == ["fc2"] * LAYERS + ["out_proj"] * LAYERS
+    assert torch.equal(model(ids), before)
+
+
+# -- training ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["full", "lora", "adapter"])
+def test_each_method_lowers_the_dev_loss(runs, name):
+    result = runs[name]
+    assert result.dev_metrics["loss"] < 0.9 * result.initial_dev_metrics["loss"]
+    assert result.metrics["loss"] < 0.9 * result.initial_dev_metrics["loss"]
+    assert set(result.metrics) >= {"precision", "recall", "f1", "PER_f1", "LOC_f1", "ORG_f1"}
+    assert result.labels == NER_LABELS
+    records = [json.loads(line) for line in (result.output_dir / "training" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "eval"] == [12]
+    assert not list((result.output_dir / "training").glob("checkpoint-*"))
+
+
+def test_trainable_parameter_counts(runs):
+    full, lora, adapter = runs["full"], runs["lora"], runs["adapter"]
+    assert full.trainable_parameters == full.total_parameters
+    head = HIDDEN * len(NER_LABELS) + len(NER_LABELS)
+    assert lora.trainable_parameters == LAYERS * 4 * 8 * (HIDDEN + HIDDEN) + head  # rank 8 on q/k/v/out
+    assert lora.total_parameters == full.total_parameters + lora.trainable_parameters - head
+    norms = (2 * LAYERS + 1) * 2 * HIDDEN  # two per block + the embedding LayerNorm
+    per_adapter = HIDDEN * 64 + 64 + 64 * HIDDEN + HIDDEN
+    assert adapter.trainable_parameters == LAYERS * 2 * per_adapter + norms + head
+    assert lora.trainable_parameters < 0.1 * full.trainable_parameters
+
+
+def test_output_directory_layouts(runs, base_dir):
+    merged = runs["lora"].output_dir
+    assert {p.name for p in merged.iterdir()} >= {"config.json", "model.safetensors", "tokenizer.json", "task.json"}
+    meta = json.loads((merged / "task.json").read_text())
+    assert meta["task"] == "ner" and meta["labels"] == NER_LABELS and meta["method"] == "lora"
+    assert meta["max_length"] == 48 and meta["seed"] == 0 and meta["base_model"] == str(base_dir)
+    assert meta["trainable_parameters"] == runs["lora"].trainable_parameters
+    assert meta["metrics"]["f1"] == runs["lora"].metrics["f1"]
+    small = runs["lora-adapter-layout"].output_dir
+    assert not (small / "model.safetensors").exists() and (small / "adapter.safetensors").is_file()
+    meta = json.loads((small / "task.json").read_text())
+    assert not Path(meta["base_model_dir"]).is_absolute()
+    assert (small / meta["base_model_dir"]).resolve() == base_dir.resolve()
+    assert (small / "adapter.safetensors").stat().st_size < (merged / "model.safetensors").stat().st_size / 5
+
+
+@pytest.mark.parametrize("method", ["lora", "adapter"])
+def test_adapter_layout_loads_equal_to_the_merged_layout(runs, method, base_dir):
+    merged, _, meta_m = load_task_model(runs[method].output_dir)
+    small, tokenizer, meta_a = load_task_model(runs[f"{method}-adapter-layout"].output_dir)
+    assert not merged.training and not small.training
+    assert not any(isinstance(m, LoRALinear) for m in list(merged.modules()) + list(small.modules()))
+    enc = tokenize_for_task(tokenizer, ["江泽民在北京会见了克林顿总统。", "新华社上海电"], 48)
+    ids = torch.full((2, max(len(e.input_ids) for e in enc)), PAD_ID)
+    for row, e in enumerate(enc):
+        ids[row, : len(e.input_ids)] = torch.tensor(e.input_ids)
+    with torch.no_grad():
+        assert torch.allclose(merged(ids), small(ids), atol=1e-5)
+    assert meta_m["metrics"] == meta_a["metrics"]  # the same run, saved two ways
+
+
+def test_lora_merged_model_loads_with_plain_from_pretrained(runs):
+    from sampan.models import from_pretrained
+
+    model = from_pretrained(runs["lora"].output_dir)
+    assert type(model).__name__ == "ErnieForTokenClassification" and model.config.num_labels == len(NER_LABELS)
+
+
+# -- user data, errors, CLI --------------------------------------------------------------------------------
+def _write_reviews(path: Path, n: int = 300) -> None:
+    reviews = load_corpus("reviews", "train")[:n]
+    path.write_text("".join(json.dumps({"text": d.text, "label": d.label}, ensure_ascii=False) + "\n"
+                            for d in reviews), encoding="utf-8")
+
+
+def test_user_jsonl_sentiment_data(base_dir, tmp_path):
+    data_file = tmp_path / "reviews.jsonl"
+    _write_reviews(data_file)
+    result = finetune(FinetuneConfig(task="sentiment_analysis", model=str(base_dir), data=str(data_file),
+                                     method="lora", learning_rate=3e-3, output_dir=str(tmp_path / "out"),
+                                     max_steps=6, batch_size=16, max_length=48))
+    assert result.labels == ["neg", "pos"]
+    assert sum(result.data_sizes.values()) == 300
+    assert 0.0 <= result.metrics["accuracy"] <= 1.0 and result.metrics["examples"] == result.data_sizes["test"]
+    model, _, meta = load_task_model(result.output_dir)
+    assert meta["labels"] == ["neg", "pos"] and model.config.num_labels == 2
+    with pytest.raises(ValueError, match="not empty"):
+        finetune(FinetuneConfig(task="sentiment_analysis", model=str(base_dir), data=str(data_file),
+                                output_dir=str(tmp_path / "out")))
+
+
+def test_malformed_jsonl_lines_name_the_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "很好", "label": "pos"}\n\n{"text": "很差", "label": "neg"\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"bad.jsonl:3: not valid JSON"):
+        read_jsonl(bad, "sentiment_analysis", 126)
+    bad.write_text('{"text": "王小明在北京", "entities": [[0, 3, "PER"], [2, 6, "LOC"]]}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: entities overlap"):
+        read_jsonl(bad, "ner", 126)
+    bad.write_text('{"text": "王小明", "entities": [[0, 9, "PER"]]}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: entity .* outside the text"):
+        read_jsonl(bad, "ner", 126)
+    bad.write_text('{"text": "王小明", "label": null}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: 'label' must be"):
+        read_jsonl(bad, "sentiment_analysis", 126)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="FinetuneConfig.method"):
+        FinetuneConfig(method="prefix")
+    with pytest.raises(ValueError, match="save='adapter'"):
+        FinetuneConfig(method="full", save="adapter")
+    with pytest.raises(ValueError, match="warmup"):
+        FinetuneConfig(warmup=5)
+
+
+def test_cli_finetune_end_to_end(base_dir, tmp_path, capsys):
+    from sampan.cli import main
+
+    out = tmp_path / "sentiment"
+    code = main(["finetune", "--task", "sentiment_analysis", "--model", str(base_dir), "--method", "adapter",
+                 "--output-dir", str(out), "--steps", "6", "--batch-size", "16", "--learning-rate", "3e-3",
+                 "--max-length", "48", "--max-train-examples", "200", "--max-eval-examples", "64"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "accuracy" in printed and "trainable parameters" in printed
+    model, tokenizer, meta = load_task_model(out)
+    assert meta["labels"] == ["negative", "positive"] and meta["method"] == "adapter"
+    assert meta["data_sizes"] == {"train": 200, "dev": 64, "test": 64}
+    assert main(["finetune", "--task", "ner", "--model", str(base_dir), "--output-dir", str(out)]) == 2
+    assert "not empty" in capsys.readouterr().err
