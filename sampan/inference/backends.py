@@ -1,0 +1,46 @@
+"""The two engines a Predictor runs on: ONNX Runtime (the ``.onnx``) and torch (the ``.pt2``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+
+class OnnxRuntimeBackend:
+    """An ``onnxruntime.InferenceSession`` on CPU with every graph optimization enabled."""
+
+    def __init__(self, path: Path, input_names: Sequence[str], num_threads: int | None = None):
+        import onnxruntime
+
+        options = onnxruntime.SessionOptions()
+        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if num_threads is not None:
+            options.intra_op_num_threads = num_threads
+        self.session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        found = [i.name for i in self.session.get_inputs()]
+        if sorted(found) != sorted(input_names):
+            raise ValueError(f"{path.name} takes inputs {found} but inference.json lists {list(input_names)}: "
+                             "the files are from different exports; export the directory again")
+        self._input_names = list(input_names)
+
+    def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        return self.session.run(None, dict(zip(self._input_names, arrays, strict=True)))
+
+
+class TorchBackend:
+    """The ``torch.export`` program, loaded by ``sampan.jit.load`` (no Python source needed)."""
+
+    def __init__(self, prefix: Path):
+        from sampan.jit import load
+
+        self.function = load(prefix, backend="pt2")
+
+    def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        import torch
+
+        with torch.no_grad():
+            out = self.function(*(torch.from_numpy(a) for a in arrays))
+        outs = out if isinstance(out, (tuple, list)) else [out]
+        return [o.detach().cpu().numpy() for o in outs]

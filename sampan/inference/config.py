@@ -1,0 +1,110 @@
+"""``Config``: which exported model to run, on which backend, at which precision."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+# The file stem `sampan.jit.save` is given inside an inference directory.
+MODEL_PREFIX = "inference"
+BACKENDS = ("onnxruntime", "torch")
+PRECISIONS = ("fp32", "int8")
+_EXPORT_HINT = "export it with sampan.inference.export_pretrained(...) or `sampan export`"
+
+
+@dataclasses.dataclass
+class Config:
+    """Settings of one :class:`~sampan.inference.Predictor` (Paddle's ``paddle.inference.Config``).
+
+    Fields:
+        model_dir: an inference directory: ``inference.json`` plus ``inference.onnx`` and/or
+            ``inference.pt2`` as written by ``sampan.jit.save(fn, DIR / "inference", ...)``
+            (``export_model`` / ``export_pretrained`` / ``sampan export`` write one). Other files
+            there (tokenizer.json, task.json, config.json) are ignored.
+        backend: "onnxruntime" (default: ONNX Runtime on CPU with all graph optimizations) or
+            "torch" (the ``.pt2`` program through ``sampan.jit.load``).
+        num_threads: ONNX Runtime intra-op threads (None: one per core). The torch backend uses
+            torch's own pool (``torch.set_num_threads``), which is process-wide, so it is not set here.
+        precision: "fp32", or "int8": weights dynamically quantized to int8 by ONNX Runtime
+            (onnxruntime backend only), made once into ``inference.int8.onnx`` and reused.
+    """
+
+    model_dir: str | os.PathLike[str]
+    backend: str = "onnxruntime"
+    num_threads: int | None = None
+    precision: str = "fp32"
+
+    def __post_init__(self) -> None:
+        self.model_dir = Path(self.model_dir)
+        self.validate()
+
+    # --- paths ---------------------------------------------------------------------------------
+    @property
+    def json_path(self) -> Path:
+        return Path(self.model_dir) / f"{MODEL_PREFIX}.json"
+
+    @property
+    def onnx_path(self) -> Path:
+        return Path(self.model_dir) / f"{MODEL_PREFIX}.onnx"
+
+    @property
+    def pt2_path(self) -> Path:
+        return Path(self.model_dir) / f"{MODEL_PREFIX}.pt2"
+
+    def meta(self) -> dict[str, Any]:
+        """The directory's ``inference.json`` (input / output names, shapes, dtypes)."""
+        return json.loads(self.json_path.read_text(encoding="utf-8"))
+
+    # --- validation ----------------------------------------------------------------------------
+    def validate(self) -> None:
+        """Check every field and the directory; raise ``ValueError`` / ``FileNotFoundError`` naming the fix."""
+        directory = Path(self.model_dir)
+        if not directory.is_dir():
+            what = "is a file, not a directory" if directory.exists() else "does not exist"
+            raise FileNotFoundError(f"inference model directory {directory} {what}: {_EXPORT_HINT}")
+        if not self.json_path.is_file():
+            raise FileNotFoundError(f"no {self.json_path.name} in {directory}: it is not an inference directory; "
+                                    f"{_EXPORT_HINT}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
+        if self.precision == "int8" and self.backend != "onnxruntime":
+            raise ValueError("precision='int8' runs on ONNX Runtime's integer kernels: use backend='onnxruntime'")
+        if self.num_threads is not None and (isinstance(self.num_threads, bool) or not isinstance(self.num_threads, int)
+                                             or self.num_threads < 1):
+            raise ValueError(f"num_threads must be a positive int or None (one per core), got {self.num_threads!r}")
+        if self.backend == "onnxruntime" and not self.onnx_path.is_file():
+            reason = self.meta().get("onnx_error")
+            why = f" (the ONNX export failed: {reason})" if reason else ""
+            other = " or use backend='torch' (the .pt2 is there)" if self.pt2_path.is_file() else ""
+            raise FileNotFoundError(f"no {self.onnx_path.name} in {directory}{why}: {_EXPORT_HINT}{other}")
+        if self.backend == "torch" and not self.pt2_path.is_file():
+            raise FileNotFoundError(f"no {self.pt2_path.name} in {directory}: {_EXPORT_HINT}")
+
+    # --- Paddle-compatible setters (thin: each sets a field and re-validates) -----------------
+    def enable_int8(self) -> None:
+        """Run int8 weights (ONNX Runtime dynamic quantization); ``precision="int8"``."""
+        self._set(precision="int8")
+
+    def set_cpu_math_library_num_threads(self, num_threads: int) -> None:
+        """ONNX Runtime intra-op threads; ``num_threads=``."""
+        self._set(num_threads=num_threads)
+
+    def switch_backend(self, backend: str) -> None:
+        """"onnxruntime" or "torch"; ``backend=``."""
+        self._set(backend=backend)
+
+    def _set(self, **changes: Any) -> None:
+        old = {k: getattr(self, k) for k in changes}
+        for k, v in changes.items():
+            setattr(self, k, v)
+        try:
+            self.validate()
+        except (ValueError, FileNotFoundError):
+            for k, v in old.items():  # a rejected change leaves the config as it was
+                setattr(self, k, v)
+            raise

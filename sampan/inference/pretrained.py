@@ -1,0 +1,157 @@
+"""``export_pretrained``: sampan's own models as inference directories, checked against eager."""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from sampan.inference.config import MODEL_PREFIX
+from sampan.inference.export import export_model
+from sampan.static import InputSpec
+
+# Extra files of a model directory that travel with its export (tokenizer, task head, model config).
+COMPANION_FILES = ("tokenizer.json", "task.json", "config.json")
+# Shapes the exported graph is run on before it is kept: other batch sizes and lengths than the
+# export's example (3 x 3), compared with the eager model.
+VERIFY_SHAPES = ((1, 5), (3, 17), (1, 17), (3, 5))
+VERIFY_TOLERANCE = 1e-4
+
+
+class EncoderLogits(nn.Module):
+    """An ERNIE head as ``(input_ids [B, S], attention_mask [B, S]) -> logits``."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids, attention_mask=attention_mask)
+
+
+class DecoderLogits(nn.Module):
+    """A GPT language model as ``input_ids [B, S] -> logits [B, S, V]``."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids)
+
+
+def _wrap(model: nn.Module) -> tuple[nn.Module, list[InputSpec]]:
+    from sampan.models import ErnieForMaskedLM, ErnieForSequenceClassification, ErnieForTokenClassification
+    from sampan.models.gpt.modeling import GPTForCausalLM
+
+    ids = InputSpec([None, None], "int64", "input_ids")
+    if isinstance(model, (ErnieForSequenceClassification, ErnieForTokenClassification, ErnieForMaskedLM)):
+        config = model.config
+        features = [f for f in ("pinyin", "radical", "stroke") if getattr(config, f"{f}_vocab_size", 0)]
+        if features:
+            raise ValueError(f"export_pretrained does not export models with {', '.join(features)} embeddings "
+                             "yet (their ids are extra inputs): use sampan.inference.export_model with a function "
+                             "that takes them")
+        return EncoderLogits(model), [ids, InputSpec([None, None], "int64", "attention_mask")]
+    if isinstance(model, GPTForCausalLM):
+        return DecoderLogits(model), [ids]
+    raise TypeError(f"export_pretrained takes ErnieForSequenceClassification, ErnieForTokenClassification, "
+                    f"ErnieForMaskedLM or GPTForCausalLM, got {type(model).__name__}; "
+                    "export other models with sampan.inference.export_model(fn, out_dir, input_spec)")
+
+
+def _verification_inputs(wrapper: nn.Module, n_inputs: int) -> list[list[torch.Tensor]]:
+    config = wrapper.model.config
+    generator = torch.Generator().manual_seed(0)
+    cases = []
+    for batch, seq in VERIFY_SHAPES:
+        seq = min(seq, config.max_position_embeddings)
+        ids = torch.randint(1, config.vocab_size, (batch, seq), generator=generator)
+        mask = torch.ones(batch, seq, dtype=torch.int64)
+        mask[-1, seq // 2:] = 0  # a padded row: the mask must really be an input of the graph
+        cases.append([ids, mask][:n_inputs])
+    return cases
+
+
+def _verifier(wrapper: nn.Module, n_inputs: int):
+    """Check a finished directory: both files, at several shapes, equal the eager model."""
+
+    def verify(directory: Path) -> None:
+        from sampan.inference.config import Config
+        from sampan.inference.predictor import create_predictor
+
+        backends = ["torch"] + (["onnxruntime"] if (directory / f"{MODEL_PREFIX}.onnx").is_file() else [])
+        predictors = {b: create_predictor(Config(directory, backend=b)) for b in backends}
+        for inputs in _verification_inputs(wrapper, n_inputs):
+            with torch.no_grad():
+                expected = wrapper(*inputs).numpy()
+            for backend, predictor in predictors.items():
+                got = predictor.run([t.numpy() for t in inputs])[0]
+                diff = float(np.abs(got - expected).max()) if got.shape == expected.shape else float("inf")
+                if not diff <= VERIFY_TOLERANCE * max(1.0, float(np.abs(expected).max())):
+                    raise RuntimeError(f"the exported {backend} graph differs from the eager model at input shape "
+                                       f"{list(inputs[0].shape)}: max |diff| {diff:.3g} (shape {list(got.shape)} "
+                                       f"vs {list(expected.shape)}); the export is not kept")
+
+    return verify
+
+
+def export_pretrained(model: nn.Module, out_dir: str | os.PathLike[str], *, task: str | None = None,
+                      overwrite: bool = False, extra_files: tuple[str | os.PathLike[str], ...] = (),
+                      verify: bool = True) -> Path:
+    """Export one of sampan's models to an inference directory with dynamic batch and sequence.
+
+    ERNIE heads become ``(input_ids [B, S], attention_mask [B, S]) -> logits`` and
+    ``GPTForCausalLM`` becomes ``input_ids [B, S] -> logits [B, S, V]`` (int64 inputs; inputs
+    named ``input_ids`` / ``attention_mask``, the output ``logits``). The graph runs in float32
+    whatever the model's dtype (fp16 weights are upcast on a copy; int8 is the small format).
+    Before the directory is kept, both the ONNX and torch programs are run at batch 1 and 3 and
+    lengths 5 and 17 and must equal the eager model within 1e-4 (``verify=False`` skips this).
+    ``task`` is recorded in ``inference.json`` under ``sampan_model``; ``extra_files`` are copied in.
+    """
+    wrapper, specs = _wrap(model)
+    if any(p.dtype != torch.float32 for p in model.parameters() if p.is_floating_point()):
+        wrapper = type(wrapper)(copy.deepcopy(model).float())
+    training = model.training
+    wrapper.eval()
+    try:
+        check = _verifier(wrapper, len(specs)) if verify else None
+        out = export_model(wrapper, out_dir, specs, overwrite=overwrite, output_names=["logits"],
+                           extra_files=extra_files, verify=_then_record(check, model, task))
+    finally:
+        model.train(training)
+    return out
+
+
+def _then_record(check, model: nn.Module, task: str | None):
+    """Record the model's architecture, config and task in inference.json, then verify."""
+
+    def step(directory: Path) -> None:
+        import json
+
+        path = directory / f"{MODEL_PREFIX}.json"
+        meta: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        meta["sampan_model"] = {"architecture": type(model).__name__, "task": task,
+                                "config": model.config.to_dict()}
+        path.write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        if check is not None:
+            check(directory)
+
+    return step
+
+
+def export_model_dir(model_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], *,
+                     overwrite: bool = False, task: str | None = None) -> Path:
+    """Export a saved sampan model directory (config.json + model.safetensors), taking its
+    tokenizer.json / task.json / config.json along; what ``sampan export`` runs."""
+    from sampan.models.pretrained import from_pretrained
+
+    source = Path(model_dir)
+    model = from_pretrained(source, dtype="float32")
+    extras = [source / name for name in COMPANION_FILES if (source / name).is_file()]
+    return export_pretrained(model, out_dir, task=task, overwrite=overwrite, extra_files=tuple(extras))
