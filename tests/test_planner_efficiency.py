@@ -85,3 +85,26 @@ def test_reported_summaries_follow_from_the_rows(results):
     folds = results["leave_one_out_megatron"]["folds"]
     assert len(folds) == 13 and sum(abs(f["error_pct"]) <= 15 for f in folds) == \
         results["leave_one_out_megatron"]["within_15pct"]
+
+
+def _table_rows(text: str, header: str) -> list[list[str]]:
+    """The cells of the markdown table that starts with ``header``."""
+    lines = text[text.index(header):].splitlines()[2:]
+    rows = []
+    for line in lines:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+@pytest.mark.parametrize("doc, header, predicted_col", [
+    ("README.md", "| source | model | GPUs | (t, p, d) |", 5),
+    ("docs/planner.md", "| source | model | GPUs | layout (t, p, d) |", 5),
+])
+def test_published_tables_match_the_results(results, doc, header, predicted_col):
+    rows = _table_rows((ROOT / doc).read_text(encoding="utf-8"), header)
+    assert len(rows) == len(results["rows"])
+    for cells, saved in zip(rows, results["rows"], strict=True):
+        assert float(cells[predicted_col - 1]) == saved["published_tflops_per_gpu"]
+        assert float(cells[predicted_col]) == pytest.approx(saved["predicted_tflops_per_gpu"], abs=0.051)

@@ -33,6 +33,9 @@ def to_json(model: ModelShape, hw: Hardware, work: Workload, gpus: int, plans: l
         "model": model.to_dict(), "hardware": hw.__dict__ | {}, "gpus": gpus,
         "workload": {"seq_len": work.seq_len, "global_batch": work.global_batch, "amp": work.amp,
                      "tokens_per_step": work.tokens},
+        "compute_efficiency": hw.efficiency(model.hidden),
+        "compute_efficiency_source": "--matmul-efficiency" if hw.matmul_efficiency is not None else
+        f"width curve {hw.efficiency_max:.4f} * h / (h + {hw.efficiency_h0:.1f}) (docs/planner.md)",
         "rows": [plan_row(p) for p in plans], "plans": [p.to_dict() for p in plans]}
     if result is not None:
         out["search"] = {"considered": result.considered, "fitting": result.fitting, "seconds": result.seconds}
@@ -71,6 +74,8 @@ def print_table(model: ModelShape, hw: Hardware, work: Workload, gpus: int, plan
                       f"(pipeline stage {m.stage})")
         console.print(f"#1 step: compute {t.compute:.2f} + tensor-parallel {t.tensor_parallel:.2f} + bubble {t.bubble:.2f}"
                       f" + p2p {t.pipeline_p2p:.2f} + data-parallel {t.data_parallel:.2f} + optimizer {t.optimizer:.2f} s")
+        how = "as given" if hw.matmul_efficiency is not None else f"width curve at h={model.hidden}"
+        console.print(f"compute priced at {hw.efficiency(model.hidden):.1%} of peak ({how}; docs/planner.md)")
 
 
 def _toml_value(value: Any) -> str:
