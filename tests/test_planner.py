@@ -224,3 +224,16 @@ def test_write_strategy_round_trips_through_the_trainer(tmp_path, capsys):
         if extra:
             assert degrees == {"dp": 2, "sharding": 1, "pp": 8, "mp": 4}
             assert (pipe.schedule_mode, pipe.virtual_pp_degree, strategy.recompute) == ("Interleaved1F1B", 2, "full")
+
+
+@pytest.mark.parametrize("name", ["gpt-tiny", "ernie-tiny"])
+def test_a_save_pretrained_config_file_plans_like_the_name(tmp_path, name):
+    """``--model path/config.json`` as save_pretrained writes it (with its ``architecture`` key)."""
+    import dataclasses
+
+    from sampan.models import create
+
+    create(name).save_pretrained(tmp_path / name)
+    shape = load_model(str(tmp_path / name / "config.json"))
+    assert shape.name == name  # named by its directory
+    assert dataclasses.replace(shape, name=name) == load_model(name)
