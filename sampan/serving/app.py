@@ -40,7 +40,7 @@ def _page() -> str:
 
 
 def _as_served_tasks(tasks: Sequence[str] | Mapping[str, TaskCallable], limits: ServingConfig,
-                     task_options: Mapping[str, dict] | None) -> dict[str, ServedTask]:
+                     task_options: Mapping[str, dict] | None, num_threads: int | None) -> dict[str, ServedTask]:
     if isinstance(tasks, Mapping):  # ready task objects (embedding, tests): used as given
         return {name: task if isinstance(task, ServedTask) else ServedTask(name, task, {"description": name})
                 for name, task in tasks.items()}
@@ -48,7 +48,7 @@ def _as_served_tasks(tasks: Sequence[str] | Mapping[str, TaskCallable], limits: 
         tasks = [tasks]
     served = {}
     for name in dict.fromkeys(tasks):  # in order, each once
-        served[name] = load_task(name, limits.max_batch_size, (task_options or {}).get(name))
+        served[name] = load_task(name, limits.max_batch_size, (task_options or {}).get(name), num_threads)
     return served
 
 
@@ -75,10 +75,10 @@ def create_app(tasks: Sequence[str] | Mapping[str, TaskCallable] = (), model_dir
             ``/v1/models/{name}/predict``.
         limits: batching, size limits and timeouts (:class:`ServingConfig`).
         task_options: extra ``Taskflow`` keyword arguments per task name (e.g. ``max_new_tokens``).
-        num_threads: onnxruntime threads per exported model (default: its own choice).
+        num_threads: ONNX Runtime threads per task and exported model (default: one per core).
     """
     limits = limits or ServingConfig()
-    served_tasks = _as_served_tasks(tasks, limits, task_options)
+    served_tasks = _as_served_tasks(tasks, limits, task_options, num_threads)
     served_models = {name: ServedModel(name, path, num_threads) for name, path in (model_dirs or {}).items()}
     if not served_tasks and not served_models:
         raise ValueError("nothing to serve: give at least one task (--task sentiment_analysis) or exported model "

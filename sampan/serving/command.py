@@ -124,6 +124,11 @@ def _check_before_fork(spec: dict) -> None:
         raise ValueError("nothing to serve: give --task NAME and/or --model-dir NAME=DIR")
 
 
+def _grace(spec: dict) -> int:
+    """Seconds a shutdown waits for in-flight requests: none can outlive its own timeout."""
+    return int(spec["limits"]["request_timeout_s"]) + 5
+
+
 def run(args: argparse.Namespace) -> int:
     """Load the models, bind, serve until interrupted."""
     import uvicorn
@@ -137,12 +142,14 @@ def run(args: argparse.Namespace) -> int:
         app = _build(spec)
         print(f"sampan serve: tasks {spec['tasks']} models {list(spec['model_dirs'])} at {where} "
               f"(page {where}/, schema {where}/openapi.json)", file=sys.stderr, flush=True)
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
+                    timeout_graceful_shutdown=_grace(spec))
         return 0
     _check_before_fork(spec)
     os.environ[_ENV] = json.dumps(spec)
     print(f"sampan serve: {args.workers} worker processes, each loading tasks {spec['tasks']} models "
           f"{list(spec['model_dirs'])}, at {where}", file=sys.stderr, flush=True)
     uvicorn.run("sampan.serving.command:app_from_env", factory=True, host=args.host, port=args.port,
-                workers=args.workers, log_level=args.log_level, access_log=False)
+                workers=args.workers, log_level=args.log_level, access_log=False,
+                timeout_graceful_shutdown=_grace(spec))
     return 0

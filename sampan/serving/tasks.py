@@ -37,14 +37,18 @@ class ServedTask:
         return split
 
 
-def load_task(name: str, batch_size: int, options: dict[str, Any] | None = None) -> ServedTask:
+def load_task(name: str, batch_size: int, options: dict[str, Any] | None = None,
+              num_threads: int | None = None) -> ServedTask:
     """Build ``Taskflow(name, batch_size=...)``; an unknown task is a ValueError listing the known ones."""
     from sampan.taskflow import Taskflow
 
     known = Taskflow.tasks()
     if name not in known:
         raise ValueError(f"unknown task {name!r}; sampan serve knows: {', '.join(sorted(known))}")
-    task = Taskflow(name, batch_size=batch_size, **(options or {}))
+    options = dict(options or {})
+    if num_threads is not None:
+        options.setdefault("num_threads", num_threads)
+    task = Taskflow(name, batch_size=batch_size, **options)
     info = dict(known[name])
     return ServedTask(name, task, info)
 
