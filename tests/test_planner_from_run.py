@@ -46,23 +46,55 @@ if trainer.fleet is not None:
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-def _train(tmp: Path, name: str, nproc: int = 1, strategy: dict | None = None) -> Path:
-    script = tmp / "train.py"
-    script.write_text(SCRIPT, encoding="utf-8")
-    out = tmp / name
-    extra = [json.dumps(strategy)] if strategy else []
-    cmd = [sys.executable, str(script), str(out), *extra]
-    if nproc > 1:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *cmd[1:]]
-    run = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=240)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return out
+def _start_pp2(tmp: Path, script: Path) -> tuple[list[subprocess.Popen], Path]:
+    """Two gloo ranks started directly with the launcher's environment (no torchrun process: one
+    torch import fewer on a loaded machine)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = tmp / "pp2"
+    cmd = [sys.executable, str(script), str(out), json.dumps({"hybrid_configs": {"pp_degree": 2}})]
+    procs = []
+    for rank in range(2):
+        env = {**ENV, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+    return procs, out
+
+
+def _train_here(script: Path, out: Path) -> None:
+    """The one-process run in this interpreter (torch is imported once, not again in a subprocess)."""
+    import runpy
+
+    import torch
+
+    argv, threads = sys.argv, torch.get_num_threads()
+    sys.argv = [str(script), str(out)]
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    finally:
+        sys.argv = argv
+        torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("planner_runs")
-    return {"one": _train(tmp, "one"), "pp2": _train(tmp, "pp2", 2, {"hybrid_configs": {"pp_degree": 2}})}
+    script = tmp / "train.py"
+    script.write_text(SCRIPT, encoding="utf-8")
+    procs, pp2 = _start_pp2(tmp, script)  # two gloo ranks start while the one-process run trains here
+    try:
+        _train_here(script, tmp / "one")
+        errors = [proc.communicate(timeout=300)[1] for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    for proc, err in zip(procs, errors, strict=True):
+        assert proc.returncode == 0, err[-3000:]
+    return {"one": tmp / "one", "pp2": pp2}
 
 
 def _report(capsys, out: Path, *extra: str) -> dict:
