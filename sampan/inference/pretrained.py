@@ -109,14 +109,17 @@ def export_pretrained(model: nn.Module, out_dir: str | os.PathLike[str], *, task
     ERNIE heads become ``(input_ids [B, S], attention_mask [B, S]) -> logits`` and
     ``GPTForCausalLM`` becomes ``input_ids [B, S] -> logits [B, S, V]`` (int64 inputs; inputs
     named ``input_ids`` / ``attention_mask``, the output ``logits``). The graph runs in float32
-    whatever the model's dtype (fp16 weights are upcast on a copy; int8 is the small format).
+    on CPU whatever the model's dtype and device (a copy is upcast / moved; int8 is the small format).
     Before the directory is kept, both the ONNX and torch programs are run at batch 1 and 3 and
     lengths 5 and 17 and must equal the eager model within 1e-4 (``verify=False`` skips this).
     ``task`` is recorded in ``inference.json`` under ``sampan_model``; ``extra_files`` are copied in.
     """
     wrapper, specs = _wrap(model)
-    if any(p.dtype != torch.float32 for p in model.parameters() if p.is_floating_point()):
-        wrapper = type(wrapper)(copy.deepcopy(model).float())
+    if any(p.device.type != "cpu" or (p.is_floating_point() and p.dtype != torch.float32)
+           for p in model.parameters()):
+        # The graph is exported for CPU float32 (what ONNX Runtime's CPU provider runs); the caller's
+        # model is left as it is.
+        wrapper = type(wrapper)(copy.deepcopy(model).to("cpu", torch.float32))
     training = model.training
     wrapper.eval()
     try:
