@@ -3,6 +3,7 @@ both output layouts, user JSONL data and the CLI, on a tiny random-init ERNIE ba
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -186,6 +187,26 @@ def test_adapters_start_as_identity_and_wrap_attention_and_ffn_outputs():
     names = apply_adapters(model, size=8)
     assert sorted(n.rpartition(".")[2] for n in names) == ["fc2"] * LAYERS + ["out_proj"] * LAYERS
     assert torch.equal(model(ids), before)
+
+
+def test_config_name_base_is_random_init_with_a_trained_tokenizer_and_lora_freezes_it():
+    from sampan.finetune.base import build_task_model, load_base
+    from sampan.finetune.task_model import apply_method
+
+    texts = [d.text for d in load_corpus("reviews", "train")[:300]]
+    with pytest.warns(UserWarning, match="RANDOM weights"):
+        base = load_base("ernie-tiny", texts, vocab_size=600)
+    assert base.directory is None and base.config.vocab_size == base.tokenizer.vocab_size <= 600
+    small = dataclasses.replace(base, config=base.config.replace(hidden_size=HIDDEN, num_layers=LAYERS, num_heads=2))
+    model, report = build_task_model(small, "sentiment_analysis", 2, seed=0, max_length=64)
+    assert not report.loaded and "ernie.layers.0.attn.q_proj.weight" in report.initialised
+    apply_method(model, "lora", {"lora_targets": ["q_proj", "v_proj"], "lora_rank": 2, "lora_alpha": 4}, report.initialised)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable == ({f"ernie.layers.{i}.attn.{m}.lora_{x}" for i in range(LAYERS) for m in ("q_proj", "v_proj")
+                          for x in "AB"} | {"ernie.pooler.dense.weight", "ernie.pooler.dense.bias",
+                                            "classifier.weight", "classifier.bias"})
+    with pytest.raises(FileNotFoundError, match="neither a directory nor a registered config"):
+        load_base("ernie-nonexistent", texts)
 
 
 # -- training ---------------------------------------------------------------------------------------

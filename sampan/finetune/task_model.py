@@ -25,7 +25,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from sampan.finetune.adapter import apply_adapters
-from sampan.finetune.base import HEADS, BaseModel, build_task_model, load_base
+from sampan.finetune.base import HEAD_PREFIXES, HEADS, BaseModel, build_task_model, load_base
 from sampan.finetune.lora import apply_lora, merge_lora
 from sampan.models.pretrained import CONFIG_NAME, WEIGHTS_NAME, load_safetensors, read_config
 from sampan.text.tokenizer import ChineseTokenizer
@@ -49,8 +49,10 @@ def apply_method(model: torch.nn.Module, method: str, method_args: dict[str, Any
         apply_adapters(model, method_args["adapter_size"])
     elif method != "full":
         raise ValueError(f"unknown method {method!r}; methods: full, lora, adapter")
-    # The classifier always trains; other head tensors (the pooler) train when they are new.
-    head = set(new_head) | {n for n, _ in model.named_parameters() if n.startswith("classifier.")}
+    # The classifier always trains; other head tensors (the pooler) train when they are new. Encoder
+    # tensors listed as new (a random-init base) stay frozen: the method decides what trains there.
+    head = {n for n in new_head if n.startswith(HEAD_PREFIXES)}
+    head |= {n for n, _ in model.named_parameters() if n.startswith("classifier.")}
     norms = {f"{m}.{p}" for m, mod in model.named_modules() if isinstance(mod, torch.nn.LayerNorm)
              for p, _ in mod.named_parameters(recurse=False)}
     for name, param in model.named_parameters():
