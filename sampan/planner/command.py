@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -123,7 +124,7 @@ def _run_from_run(args: argparse.Namespace) -> int:
         if not config.is_file():
             raise ValueError(f"{out} has no model/config.json (save_pretrained); give the run's model with --model "
                              "NAME_OR_CONFIG or --model-shape")
-        model = load_model(str(config))
+        model = dataclasses.replace(load_model(str(config)), name=f"{out.name} (model/config.json)")
     else:
         model = load_model(args.model, args.model_shape)
     record = read_run(out, model, args.seq_len)
