@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import builtins
 import re
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
+from sampan.jit import torch_fixes  # noqa: F401 - applies the cond / while_loop backward fixes
 from sampan.jit.errors import Dy2StaticError
 
 _NUMBER = (bool, int, float, torch.SymInt, torch.SymFloat, torch.SymBool)
@@ -118,8 +118,16 @@ def _unchanged(outs: Sequence[Any], args: Sequence[Any], idx: Sequence[int], nam
 
 # --- if / else ---------------------------------------------------------------------------------
 def IfElse(pred: Any, true_fn: Callable, false_fn: Callable, args: tuple, names: tuple[str, ...],
-           both: tuple[str, ...], where: str) -> tuple:
-    """Run ``true_fn(*args)`` or ``false_fn(*args)``; with a tensor ``pred``, as one ``torch.cond``."""
+           both: tuple[str, ...], where: str, select: bool = False) -> tuple:
+    """Run ``true_fn(*args)`` or ``false_fn(*args)``; with a tensor ``pred``, as one ``torch.cond``.
+
+    ``select`` (set by the ``ifelse`` pass for an ``if`` inside a loop whose branches only
+    compute): while exporting, run both branches and pick each output with ``torch.where``
+    instead, because the torch 2.13 ONNX exporter fails on an ``If`` inside a ``Loop`` body
+    ("Opset mismatch when inlining function ... __subgraph__"). The values are the same; both
+    branches' work is done. Outputs whose shapes or dtypes differ between the branches keep the
+    ``torch.cond``.
+    """
     if not _is_tensor(pred):
         return true_fn(*args) if pred else false_fn(*args)
     pred = _scalar_pred(pred, "if", where)
@@ -169,7 +177,11 @@ def IfElse(pred: Any, true_fn: Callable, false_fn: Callable, args: tuple, names:
 
         return run
 
-    outs = _call_hop(torch.cond, pred, branch(true_fn), branch(false_fn), operands)
+    outs = None
+    if select and torch.compiler.is_exporting():
+        outs = _select(pred, branch(true_fn)(*operands), branch(false_fn)(*operands))
+    if outs is None:
+        outs = _call_hop(torch.cond, pred, branch(true_fn), branch(false_fn), operands)
     values = list(args)
     for i, out in zip(outputs, outs, strict=False):
         values[i] = out
@@ -180,12 +192,27 @@ def IfElse(pred: Any, true_fn: Callable, false_fn: Callable, args: tuple, names:
     return tuple(values)
 
 
-def IfExp(pred: Any, true_fn: Callable, false_fn: Callable, where: str) -> Any:
+def _select(pred: torch.Tensor, if_true: tuple, if_false: tuple) -> tuple | None:
+    """``torch.where(pred, t, f)`` per output, or None if an output's shape or dtype differs."""
+    if any(t.shape != f.shape or t.dtype != f.dtype for t, f in zip(if_true, if_false, strict=True)):
+        return None
+    # onnxruntime has no Where kernel for bool tensors (a break flag): select those with logic.
+    return tuple(torch.logical_or(torch.logical_and(pred, t), torch.logical_and(torch.logical_not(pred), f))
+                 if t.dtype == torch.bool else torch.where(pred, t, f)
+                 for t, f in zip(if_true, if_false, strict=True))
+
+
+def _differentiating() -> bool:
+    """Whether autograd records this call (an export traces inference: no workaround there)."""
+    return torch.is_grad_enabled() and not torch.compiler.is_exporting()
+
+
+def IfExp(pred: Any, true_fn: Callable, false_fn: Callable, where: str, select: bool = False) -> Any:
     """``a if pred else b``; with a tensor ``pred``, a ``torch.cond`` of the two values."""
     if not _is_tensor(pred):
         return true_fn() if pred else false_fn()
     (out,) = IfElse(pred, lambda _: (true_fn(),), lambda _: (false_fn(),), (None,), ("<expr>",), ("<expr>",),
-                    where)
+                    where, select)
     return out
 
 
@@ -203,9 +230,6 @@ def While(cond_fn: Callable, body_fn: Callable, args: tuple, names: tuple[str, .
         values = tuple(body_fn(*values))
 
 
-_WARNED: list[str] = []
-
-
 def _tensor_while(cond_fn: Callable, body_fn: Callable, args: tuple, names: tuple[str, ...],
                   where: str) -> tuple:
     carried, locals_, fixed = [], [], []
@@ -217,13 +241,6 @@ def _tensor_while(cond_fn: Callable, body_fn: Callable, args: tuple, names: tupl
         else:
             fixed.append(i)
     init = tuple(_as_tensor(args[i]) for i in carried)
-    if (not torch.compiler.is_compiling() and torch.is_grad_enabled() and not _WARNED
-            and any(t.requires_grad for t in init)):
-        _WARNED.append(where)
-        warnings.warn(f"{where}: gradients through this tensor 'while' come from torch.while_loop, whose "
-                      "backward in torch 2.13 counts only the last iteration's use of tensors that are read "
-                      "(not updated) by every iteration; check gradients against eager before training.",
-                      stacklevel=3)
 
     def fill(ops: Sequence[torch.Tensor]) -> list:
         by_slot = dict(zip(carried, ops, strict=False))
@@ -249,6 +266,14 @@ def _tensor_while(cond_fn: Callable, body_fn: Callable, args: tuple, names: tupl
         return tuple(result)
 
     outs = _call_hop(torch.while_loop, cond, body, init)
+    if _differentiating() and any(out.requires_grad for out in outs):
+        # torch 2.13: when the loop runs zero times, while_loop's backward still applies one
+        # iteration's backward to the initial values (x * 2 in the body: dx = 2, not 1). The
+        # outputs then equal the initial values; selecting those when the condition fails at
+        # the start routes the gradient around the loop.
+        ran = cond(*init)
+        outs = tuple(torch.where(ran, out, start) if out.is_floating_point() else out
+                     for out, start in zip(outs, init, strict=True))
     # torch 2.13: a while_loop output that depends on module parameters carries unbacked stride
     # symbols, and a later torch.cond that reads it fails to lift them ("Source of '8*u0 - 8' is
     # None"). A copy has plain metadata; it costs one copy per loop, not per iteration.
