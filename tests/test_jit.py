@@ -232,3 +232,75 @@ def test_inductor_backend_with_gradients():
     static(x, w2).sum().backward()
     torch.testing.assert_close(w2.grad, w.grad, atol=1e-5, rtol=1e-5)
     assert static.stats()["graph_breaks"] == 0
+
+
+def test_while_loop_gradients_count_every_iteration():
+    """torch 2.13's while_loop backward counts a loop-invariant input once (dx = 4, not 10) and
+    back-propagates one iteration through a loop that never ran; sampan's fixes make both exact."""
+
+    def accumulate(x, n):
+        acc = torch.zeros_like(x)
+        i = torch.zeros((), dtype=torch.int64)
+        while i < n:
+            acc = acc + x * i
+            i = i + 1
+        return acc * 1.0
+
+    static = sampan.jit.to_static(accumulate, backend="aot_eager")
+    for n, want in ((5, 10.0), (0, 0.0)):
+        x = torch.randn(3, requires_grad=True)
+        static(x, torch.tensor(n)).sum().backward()
+        torch.testing.assert_close(x.grad, torch.full((3,), want))
+
+
+def if_with_loop_inside_loop(x):
+    i = torch.zeros((), dtype=torch.int64)
+    while i < 3:
+        if x.sum() > 0:  # a branch holding a loop: not lowered to a select (it could run forever)
+            while x.abs().sum() > 1:
+                x = x * 0.5
+        else:
+            x = x + 1
+        i = i + 1
+    return x
+
+
+def test_if_in_loop_exports_to_onnx_as_a_select_unless_its_branch_loops(tmp_path):
+    """A tensor `if` inside a tensor loop whose branches only compute is exported as a select and
+    runs in onnxruntime (corpus: p_while_break, p_for_tensor_if). One whose branch holds a loop
+    stays a cond, which the torch 2.13 ONNX exporter cannot put inside a Loop: jit.save writes the
+    .pt2 and .json, records why, and warns; the .pt2 equals eager."""
+    static = sampan.jit.to_static(if_with_loop_inside_loop, input_spec=[InputSpec([2, 3])], backend="eager")
+    assert "select=True" not in static.code
+    with pytest.warns(UserWarning, match="no ONNX file"):
+        files = sampan.jit.save(static, tmp_path / "loop")
+    assert "onnx" not in files and not (tmp_path / "loop.onnx").exists()
+    assert "InlinePass" in json.loads(files["json"].read_text())["onnx_error"]
+    loaded = sampan.jit.load(tmp_path / "loop")
+    for x in (torch.full((2, 3), 4.0), torch.full((2, 3), -0.5)):
+        torch.testing.assert_close(loaded(x), if_with_loop_inside_loop(x))
+
+
+def _readme_snippet(heading: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index(heading):]
+    start = section.index("```python\n") + len("```python\n")
+    return section[start:section.index("```", start)]
+
+
+def test_readme_to_static_snippet_runs(tmp_path, monkeypatch, capsys):
+    """The README's to_static section as written (a data-dependent loop -> .pt2 + ONNX -> jit.load
+    -> onnxruntime); only the compile backend is switched to "eager" to keep the test fast."""
+    source = _readme_snippet("## Static graphs (`to_static`)")
+    assert "to_static(input_spec=[InputSpec([None, 4])])" in source
+    path = tmp_path / "readme_to_static.py"
+    path.write_text(source.replace("to_static(input_spec=[InputSpec([None, 4])])",
+                                   'to_static(input_spec=[InputSpec([None, 4])], backend="eager")'))
+    monkeypatch.chdir(tmp_path)
+    spec = importlib.util.spec_from_file_location("readme_to_static", path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "True True"
+    assert {p.name for p in tmp_path.iterdir()} >= {"normalise.pt2", "normalise.onnx", "normalise.json"}
+    assert module.normalise.stats()["graph_breaks"] == 0

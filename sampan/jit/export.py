@@ -113,14 +113,17 @@ def _tensor_json(name: str, t: Any) -> dict:
 
 
 def save(function_or_layer: Callable | nn.Module, path: str | os.PathLike[str],
-         input_spec: Sequence[InputSpec] | None = None) -> dict[str, Path]:
+         input_spec: Sequence[InputSpec] | None = None, onnx: bool = True) -> dict[str, Path]:
     """Export to ``path.pt2`` (torch.export), ``path.onnx`` (dynamo ONNX exporter) and ``path.json``.
+
+    ``onnx=False`` skips the ONNX file (the slower half of an export).
 
     Input shapes come from ``input_spec``, else from the specs given to ``to_static`` or the last
     call (non-tensor arguments of that call are fixed into the export). ``None`` dimensions are
     dynamic in both files. Returns the written paths. If the ONNX exporter fails (torch 2.13
-    cannot export a tensor ``if`` inside a tensor loop), the ``.pt2`` and ``.json`` are still
-    written, with the reason under ``onnx_error`` in the ``.json``, and a warning is given.
+    cannot export an ``If`` inside a ``Loop``; sampan exports a tensor ``if`` inside a loop as a
+    select where its branches only compute, see ``_jst.IfElse``), the ``.pt2`` and ``.json`` are
+    still written, with the reason under ``onnx_error`` in the ``.json``, and a warning is given.
     """
     import sampan
 
@@ -139,16 +142,20 @@ def save(function_or_layer: Callable | nn.Module, path: str | os.PathLike[str],
     output_names = [f"output_{i}" for i in range(len(outputs))]
     onnx_error = None
     try:
-        onnx_program = torch.onnx.export(program, tuple(examples), input_names=input_names,
-                                         output_names=output_names, dynamo=True, verbose=False)
-        onnx_program.save(str(files["onnx"]))
+        if onnx:
+            onnx_program = torch.onnx.export(program, tuple(examples), input_names=input_names,
+                                             output_names=output_names, dynamo=True, verbose=False)
+            onnx_program.save(str(files["onnx"]))
+        else:
+            files.pop("onnx").unlink(missing_ok=True)  # no stale file from an earlier save
     except Exception as e:  # noqa: BLE001 - the .pt2 is still written; the .json records why
-        # torch 2.13 + onnxscript 0.7.2 fail on a tensor `if` inside a tensor loop (an If inside a
-        # Loop body: "Opset mismatch when inlining function ... __subgraph__").
+        # torch 2.13 + onnxscript 0.7.2 fail on an If inside a Loop body ("Opset mismatch when
+        # inlining function ... __subgraph__"): a tensor `if` in a tensor loop whose branches
+        # hold a loop, an assert or print, or a call of a converted function.
         onnx_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         warnings.warn(f"jit.save wrote {files['pt2'].name} but no ONNX file: the ONNX exporter failed "
                       f"({onnx_error})", stacklevel=2)
-        del files["onnx"]
+        files.pop("onnx").unlink(missing_ok=True)
     meta = {
         "format": "sampan.jit/1",
         "function": static.__qualname__,

@@ -17,6 +17,11 @@ The names assigned in *both* branches are listed too: under a tensor predicate s
 output even if it had no value before the ``if``, while a name assigned in only one branch and
 undefined before stays local to that branch (using it after the ``if`` is a clear error).
 Inner ``if``s convert first, so ``elif`` chains and nesting need nothing special.
+
+An ``if`` inside a loop whose branches only compute (no loop, ``assert``, ``print``, ``raise`` or
+call of a converted user function) is marked ``select=True``: when exported, it may run both
+branches and pick the results with ``torch.where`` (see ``_jst.IfElse``), because the torch 2.13
+ONNX exporter cannot export an ``If`` inside a ``Loop``.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from __future__ import annotations
 import ast
 
 from sampan.jit.passes.base import (
+    JST,
+    PREFIX,
     PassContext,
     assigned_names,
     contains,
@@ -33,10 +40,41 @@ from sampan.jit.passes.base import (
     template,
 )
 
+_EFFECTS = ("Assert", "Print", "While")
+
+
+def _selectable(stmts: list[ast.stmt]) -> bool:
+    """Whether running these statements when their branch is not taken changes nothing but the
+    values they compute (so both branches of a tensor ``if`` may run, their results selected)."""
+    for node in (n for stmt in stmts for n in ast.walk(stmt)):
+        if isinstance(node, (ast.While, ast.For, ast.Raise, ast.Yield, ast.YieldFrom, ast.Await)):
+            return False
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == JST:
+                if func.attr in _EFFECTS:
+                    return False
+            elif isinstance(func, ast.Name) and (func.id == "print" or func.id.startswith(PREFIX + "fn_")):
+                return False
+    return True
+
 
 class _IfElse(ast.NodeTransformer):
     def __init__(self, ctx: PassContext):
         self.ctx = ctx
+        self.loop_depth = 0
+
+    def visit_While(self, node: ast.While):
+        self.loop_depth += 1
+        try:
+            return self.generic_visit(node)
+        finally:
+            self.loop_depth -= 1
+
+    def _select(self, stmts: list[ast.stmt]) -> list[ast.keyword]:
+        if self.loop_depth and _selectable(stmts):
+            return [ast.keyword(arg="select", value=ast.Constant(value=True))]
+        return []
 
     def visit_If(self, node: ast.If):
         self.generic_visit(node)
@@ -58,15 +96,18 @@ class _IfElse(ast.NodeTransformer):
                         TEST=node.test, ARGS=names_tuple(names), NAMES=strings_tuple(names),
                         BOTH=strings_tuple(sorted(in_body & in_else)),
                         WHERE=ast.Constant(value=self.ctx.where(node)))[0]
+        call.value.keywords = self._select(node.body + node.orelse)
         if names:
             call = ast.copy_location(ast.Assign(targets=[names_tuple(names, ast.Store)], value=call.value), node)
         return [*stmts, call]
 
     def visit_IfExp(self, node: ast.IfExp):
         self.generic_visit(node)
-        return template("_jst.IfExp(TEST, lambda: BODY, lambda: ORELSE, WHERE)", node, TEST=node.test,
+        call = template("_jst.IfExp(TEST, lambda: BODY, lambda: ORELSE, WHERE)", node, TEST=node.test,
                         BODY=node.body, ORELSE=node.orelse,
                         WHERE=ast.Constant(value=self.ctx.where(node)))[0].value
+        call.keywords = self._select([ast.Expr(value=node.body), ast.Expr(value=node.orelse)])
+        return call
 
 
 def apply(tree: ast.Module, ctx: PassContext) -> ast.Module:
