@@ -335,3 +335,7 @@ def test_cli_finetune_end_to_end(base_dir, tmp_path, capsys):
     assert meta["data_sizes"] == {"train": 200, "dev": 64, "test": 64}
     assert main(["finetune", "--task", "ner", "--model", str(base_dir), "--output-dir", str(out)]) == 2
     assert "not empty" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["finetune", "--help"])
+    assert exit_info.value.code == 0
+    assert all(flag in capsys.readouterr().out for flag in ("--method", "--lora-rank", "--save", "--max-train-examples"))

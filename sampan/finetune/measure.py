@@ -35,7 +35,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-eval-examples", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="outputs/finetune-measure")
+    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads, 0 = torch's default "
+                                                               "(1 is much faster on a machine shared by busy jobs)")
     args = parser.parse_args(argv)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = []
@@ -53,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
                    "test": r.metrics, "dev": r.dev_metrics, "dev_before": r.initial_dev_metrics,
                    "trainable_parameters": r.trainable_parameters, "total_parameters": r.total_parameters,
                    "train_seconds": r.train_seconds, "wall_seconds": time.perf_counter() - start,
-                   "data_sizes": r.data_sizes}
+                   "data_sizes": r.data_sizes, "threads": args.threads}
             results.append(row)
             headline = r.metrics.get("accuracy", r.metrics.get("f1"))
             print(f"== {task} {method} lr={lr}: test {'accuracy' if task != 'ner' else 'f1'} {headline:.4f} "
