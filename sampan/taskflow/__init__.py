@@ -1,0 +1,61 @@
+"""``Taskflow``: AI in one line, for people who are not ML engineers.
+
+::
+
+    from sampan import Taskflow
+    sentiment_analysis = Taskflow("sentiment_analysis")
+    sentiment_analysis("这家餐厅的服务非常棒")
+    # [{'text': '这家餐厅的服务非常棒', 'label': 'positive', 'score': 0.97}]
+
+Each task runs a model from the local store (``sampan.hub``; shipped models need no download)
+through the inference predictor on its exported graph (ONNX Runtime), not the eager model. The
+first use of a model exports it once to ``$SAMPAN_HOME/cache``.
+
+Inputs: a string or a list of strings (batched by ``batch_size``). ``None``, a non-string, an
+empty text or an empty list raise ``ValueError`` naming the bad item; a text longer than
+``max_length`` tokens is truncated with a warning (``ner`` instead tags it window by window, so
+every character is covered).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sampan.taskflow.registry import TASKS, task_class
+from sampan.taskflow.task import Task
+
+
+class Taskflow:
+    """``Taskflow(task, model=None, **options)``: a callable that runs ``task`` on texts.
+
+    Args:
+        task: a task name from ``Taskflow.tasks()``.
+        model: a store model name (``sampan.hub.list()``) or model directory; default: the task's.
+        batch_size: texts per model call.
+        max_length: tokens per text the model sees (``[CLS]`` / ``[SEP]`` included).
+        precision: "fp32" or "int8" (ONNX Runtime dynamic quantization; smaller, faster on small CPUs).
+        num_threads: ONNX Runtime intra-op threads (default: the cores this process may use).
+        backend: "onnxruntime" (default) or "torch" (the exported ``.pt2`` program).
+        **options: task options, e.g. ``max_new_tokens``, ``temperature``, ``top_k``, ``seed`` for
+            generation; ``line_chars`` / ``lines`` for poetry; ``top_k`` for fill_mask.
+    """
+
+    def __init__(self, task: str, model: str | None = None, **options: Any):
+        cls = task_class(task)
+        self.task_name = task
+        self.task: Task = cls(model=model, **options)
+
+    def __call__(self, inputs: Any) -> list[dict[str, Any]]:
+        return self.task(inputs)
+
+    @staticmethod
+    def tasks() -> dict[str, dict[str, Any]]:
+        """``{task: {"description", "default_model", "models"}}`` for every task."""
+        return {name: {"description": cls.description, "default_model": cls.default_model,
+                       "models": list(cls.models)} for name, cls in sorted(TASKS.items())}
+
+    def __repr__(self) -> str:
+        return f"Taskflow({self.task_name!r}, model={self.task.model_name!r})"
+
+
+__all__ = ["Task", "Taskflow"]

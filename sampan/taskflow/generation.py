@@ -1,0 +1,162 @@
+"""``text_generation`` and ``poetry_generation``: continuations from a Chinese GPT, decoded here.
+
+The exported graph maps ``input_ids [b, s] -> logits [b, s, V]``; the decoding loop (temperature,
+top-k, repetition penalty, a seeded numpy generator) runs around the predictor. Rows are
+right-padded: attention is causal, so padding after a row's end never changes its next-token
+logits. There is no KV cache in the exported graph, so each step re-reads the whole window; for
+the tiny shipped model and short outputs that costs less than the export of a cached graph would.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+
+from sampan.taskflow.task import Task
+from sampan.text.tokenizer import CLS_ID, PAD_ID, SEP_ID
+
+_HANZI = re.compile(r"^[\u4e00-\u9fff]$")
+
+
+class _Decoder:
+    """Sampling around an exported causal LM."""
+
+    def __init__(self, loaded, seed: int, temperature: float, top_k: int, repetition_penalty: float):
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        if top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = no limit), got {top_k}")
+        self.loaded = loaded
+        self.rng = np.random.default_rng(seed)
+        self.temperature, self.top_k, self.penalty = temperature, top_k, repetition_penalty
+        self.window = int(loaded.config.get("max_position_embeddings", 128))
+
+    def next_logits(self, rows: list[list[int]]) -> np.ndarray:
+        """Logits of the next token for each row, ``float64[b, V]``."""
+        cut = [r[-self.window:] for r in rows]
+        width = max(len(r) for r in cut)
+        ids = np.full((len(cut), width), PAD_ID, dtype=np.int64)
+        for i, r in enumerate(cut):
+            ids[i, : len(r)] = r
+        (logits,) = self.loaded.predictor.run({"input_ids": ids})
+        return np.stack([logits[i, len(r) - 1] for i, r in enumerate(cut)]).astype(np.float64)
+
+    def sample(self, logits: np.ndarray, history: list[int], allowed: np.ndarray | None = None) -> int:
+        logits = logits.copy()
+        if self.penalty != 1.0 and history:
+            seen = np.unique(np.asarray(history))
+            logits[seen] = np.where(logits[seen] > 0, logits[seen] / self.penalty, logits[seen] * self.penalty)
+        logits[:SEP_ID] = -np.inf  # never [PAD] [UNK] [CLS]
+        logits[SEP_ID + 1: SEP_ID + 2] = -np.inf  # never [MASK]
+        if allowed is not None:
+            logits[~allowed] = -np.inf
+        logits = logits / self.temperature
+        if self.top_k:
+            k = min(self.top_k, int(np.isfinite(logits).sum()))
+            kth = np.partition(logits, -k)[-k]
+            logits[logits < kth] = -np.inf
+        probs = np.exp(logits - logits.max())
+        probs /= probs.sum()
+        return int(self.rng.choice(len(probs), p=probs))
+
+
+class TextGeneration(Task):
+    name = "text_generation"
+    description = "continue a Chinese text (GPT trained on People's Daily 1998 and 三国演义)"
+    default_model = "gpt-zh"
+    models = ("gpt-zh",)
+
+    def _construct_model(self, model: str) -> None:
+        self.loaded = self._load(model)
+        o = self.options
+        self.max_new_tokens = int(o.get("max_new_tokens", 48))
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        self.decoder = _Decoder(self.loaded, int(o.get("seed", 0)), float(o.get("temperature", 0.8)),
+                                int(o.get("top_k", 20)), float(o.get("repetition_penalty", 1.2)))
+
+    def _prompt_ids(self, text: str) -> list[int]:
+        ids = self.loaded.tokenizer.encode(text, add_special_tokens=False).ids
+        return [CLS_ID] + list(ids)
+
+    def _preprocess(self, texts: list[str]) -> list[list[int]]:
+        return [self._prompt_ids(t) for t in texts]
+
+    def _run_model(self, rows: list[list[int]]) -> list[list[int]]:
+        rows = [list(r) for r in rows]
+        new: list[list[int]] = [[] for _ in rows]
+        live = list(range(len(rows)))
+        for _ in range(self.max_new_tokens):
+            if not live:
+                break
+            logits = self.decoder.next_logits([rows[i] for i in live])
+            still = []
+            for j, i in enumerate(live):
+                token = self.decoder.sample(logits[j], rows[i])
+                if token == SEP_ID:  # end of a document in the training rows
+                    continue
+                rows[i].append(token)
+                new[i].append(token)
+                still.append(i)
+            live = still
+        return new
+
+    def _postprocess(self, texts: list[str], inputs: Any, outputs: list[list[int]]) -> list[dict[str, Any]]:
+        tok = self.loaded.tokenizer
+        return [{"text": t, "generated": tok.decode(ids)} for t, ids in zip(texts, outputs, strict=True)]
+
+
+class PoetryGeneration(TextGeneration):
+    """Regulated verse: ``lines`` lines of ``line_chars`` hanzi, "，" and "。" alternating at line ends.
+
+    The form is enforced while decoding (only single-hanzi tokens inside a line, the punctuation
+    at its end), the words come from the model. The shipped GPT never saw poetry unless the
+    optional chinese-poetry corpus was built, so expect the style of 三国演义 in the form of a poem.
+    """
+
+    name = "poetry_generation"
+    description = "a poem (4 lines of 5 or 7 characters) starting from the given characters"
+
+    def _construct_model(self, model: str) -> None:
+        super()._construct_model(model)
+        self.line_chars = int(self.options.get("line_chars", 7))
+        self.lines = int(self.options.get("lines", 4))
+        if self.line_chars not in (5, 7) or self.lines < 1:
+            raise ValueError(f"poetry needs line_chars 5 or 7 and lines >= 1, got {self.line_chars}, {self.lines}")
+        tokens = self.loaded.tokenizer.tokens()
+        self.hanzi = np.array([bool(_HANZI.match(t)) for t in tokens])
+        self.marks = {}
+        for mark in ("，", "。"):
+            ids = self.loaded.tokenizer.encode(mark, add_special_tokens=False).ids
+            if len(ids) != 1:
+                raise ValueError(f"the model's tokenizer cannot write {mark!r} as one token")
+            self.marks[mark] = ids[0]
+
+    def _run_model(self, rows: list[list[int]]) -> list[list[int]]:
+        tok = self.loaded.tokenizer
+        out = []
+        for row in rows:  # one poem at a time: each row is at its own place in the form
+            row = list(row)
+            written = [t for t in row[1:] if self.hanzi[t]]
+            poem = list(written)
+            total = self.lines * self.line_chars
+            while len(poem) < total or len(poem) % self.line_chars:
+                if poem and len(poem) % self.line_chars == 0 and row[-1] not in self.marks.values():
+                    mark = "，" if (len(poem) // self.line_chars) % 2 else "。"
+                    row.append(self.marks[mark])
+                    continue
+                logits = self.decoder.next_logits([row])[0]
+                token = self.decoder.sample(logits, row, allowed=self.hanzi)
+                row.append(token)
+                poem.append(token)
+            text = ""
+            for k in range(0, len(poem), self.line_chars):
+                line = tok.decode(poem[k: k + self.line_chars])
+                text += line + ("，" if (k // self.line_chars) % 2 == 0 else "。")
+            out.append(text)
+        return out
+
+    def _postprocess(self, texts: list[str], inputs: Any, outputs: list[str]) -> list[dict[str, Any]]:
+        return [{"text": t, "poem": poem} for t, poem in zip(texts, outputs, strict=True)]

@@ -1,0 +1,134 @@
+"""From a stored model to a running predictor: export once to a cached inference directory.
+
+Taskflow never runs the eager model: it exports the stored model (``sampan.inference.export_pretrained``,
+i.e. ``jit.save``'s ONNX graph) the first time it is used and runs ONNX Runtime through
+``sampan.inference``'s predictor after that. The export is cached under
+``$SAMPAN_HOME/cache/inference/<name>-<digest>``, keyed by a hash of the model's files, so a rebuilt
+model is exported again and a shipped one only once per machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import sys
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sampan.hub.store import cache_dir, resolve
+from sampan.text.tokenizer import ChineseTokenizer
+
+# Files whose bytes define a stored model (the export depends on nothing else).
+_MODEL_FILES = ("config.json", "model.safetensors", "task.json", "adapter.safetensors")
+_EXPORT_VERSION = "1"  # bump when the exported signature changes, to invalidate old caches
+_lock = threading.Lock()
+
+
+@dataclass
+class LoadedModel:
+    """A stored model ready to run: its predictor, tokenizer, and what ``task.json`` / ``config.json`` say."""
+
+    name: str
+    directory: Path
+    predictor: Any
+    tokenizer: ChineseTokenizer
+    task_meta: dict[str, Any]
+    config: dict[str, Any]
+    inference_dir: Path
+
+
+def _digest(directory: Path) -> str:
+    h = hashlib.sha256(_EXPORT_VERSION.encode())
+    for name in _MODEL_FILES:
+        path = directory / name
+        if path.is_file():
+            h.update(name.encode())
+            h.update(path.read_bytes())
+    meta = directory / "task.json"
+    if meta.is_file():  # an adapter's base is part of the model
+        base = json.loads(meta.read_text(encoding="utf-8")).get("base_model_dir")
+        if base:
+            h.update(_digest((directory / base).resolve()).encode())
+    return h.hexdigest()[:16]
+
+
+def _eager_model(directory: Path):
+    """The stored model as an fp32 eval-mode torch module (task models through ``load_task_model``)."""
+    if (directory / "task.json").is_file():
+        from sampan.finetune import load_task_model
+
+        model, _, _ = load_task_model(directory)
+    else:
+        from sampan.models.pretrained import from_pretrained
+
+        model = from_pretrained(directory)
+    return model.float().eval()
+
+
+def export_dir(name: str, directory: Path) -> Path:
+    """The cached inference directory of a stored model, exporting it first if needed."""
+    target = cache_dir("inference", f"{directory.name}-{_digest(directory)}")
+    if (target / "inference.onnx").is_file() and (target / "inference.json").is_file():
+        return target
+    from sampan.inference import export_pretrained
+
+    with _lock:  # one export per process at a time; export_pretrained itself is atomic on disk
+        if not (target / "inference.onnx").is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            print(f"sampan: exporting {name} for inference (once per model) -> {target}", file=sys.stderr)
+            with _quiet_exporter():
+                export_pretrained(_eager_model(directory), target, overwrite=True)
+    return target
+
+
+@contextlib.contextmanager
+def _quiet_exporter():
+    """The ONNX exporter logs torchvision notes and deprecation warnings that say nothing to a
+    Taskflow user; errors still raise."""
+    logger = logging.getLogger("torch.onnx")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            yield
+    finally:
+        logger.setLevel(level)
+
+
+def load(name: str, precision: str = "fp32", num_threads: int | None = None,
+         backend: str = "onnxruntime") -> LoadedModel:
+    """Resolve ``name`` in the store, export it if needed, and open a predictor on the export."""
+    from sampan.inference import Config, create_predictor
+
+    directory = resolve(name)
+    inference = export_dir(name, directory)
+    config = Config(str(inference), backend=backend, num_threads=num_threads or _default_threads(),
+                    precision=precision)
+    tokenizer_path = directory / "tokenizer.json"
+    task_meta: dict[str, Any] = {}
+    if (directory / "task.json").is_file():
+        task_meta = json.loads((directory / "task.json").read_text(encoding="utf-8"))
+    if not tokenizer_path.is_file() and task_meta.get("base_model_dir"):
+        tokenizer_path = (directory / task_meta["base_model_dir"] / "tokenizer.json").resolve()
+    if not tokenizer_path.is_file():
+        raise FileNotFoundError(f"{directory} has no tokenizer.json; rebuild it with `sampan hub build {name}`")
+    model_config = {}
+    if (directory / "config.json").is_file():
+        model_config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    elif task_meta.get("base_model_dir"):
+        model_config = json.loads((directory / task_meta["base_model_dir"] / "config.json").read_text("utf-8"))
+    return LoadedModel(name, directory, create_predictor(config), ChineseTokenizer.load(tokenizer_path),
+                       task_meta, model_config, inference)
+
+
+def _default_threads() -> int:
+    # ONNX Runtime's default spins one thread per core; leave it to the cores this process may use.
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)

@@ -1,0 +1,73 @@
+"""``Task``: the preprocess -> run -> postprocess skeleton every Taskflow task fills in."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from sampan.taskflow.inputs import check_texts
+
+
+class Task:
+    """One task on one model. Subclasses set the class fields and implement the three steps.
+
+    Class fields:
+        name: the task name (``"sentiment_analysis"``).
+        description: one line for ``Taskflow.tasks()``.
+        default_model: the store model used when none is named.
+        models: the store models this task can run.
+
+    ``__call__`` validates the input (``check_texts``), cuts it into batches of ``batch_size`` and
+    runs ``_preprocess`` -> ``_run_model`` -> ``_postprocess`` on each, returning one dict per text.
+    """
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    default_model: ClassVar[str] = ""
+    models: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, model: str | None = None, batch_size: int = 32, max_length: int = 128,
+                 precision: str = "fp32", num_threads: int | None = None, backend: str = "onnxruntime",
+                 **kwargs: Any):
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if not isinstance(max_length, int) or max_length < 8:
+            raise ValueError(f"max_length must be an integer >= 8, got {max_length!r}")
+        self.model_name = model or self.default_model
+        self.batch_size = batch_size
+        self.max_length = max_length
+        self.precision = precision
+        self.num_threads = num_threads
+        self.backend = backend
+        self.options = kwargs
+        self._construct_model(self.model_name)
+
+    # -- the three steps (and model construction) that a task implements ------------------------
+    def _construct_model(self, model: str) -> None:
+        raise NotImplementedError
+
+    def _preprocess(self, texts: list[str]) -> Any:
+        raise NotImplementedError
+
+    def _run_model(self, inputs: Any) -> Any:
+        raise NotImplementedError
+
+    def _postprocess(self, texts: list[str], inputs: Any, outputs: Any) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def _load(self, model: str):
+        from sampan.taskflow.runtime import load
+
+        return load(model, precision=self.precision, num_threads=self.num_threads, backend=self.backend)
+
+    # -- the loop --------------------------------------------------------------------------------
+    def __call__(self, inputs: Any) -> list[dict[str, Any]]:
+        texts = check_texts(inputs)
+        results: list[dict[str, Any]] = []
+        for start in range(0, len(texts), self.batch_size):
+            batch = texts[start: start + self.batch_size]
+            prepared = self._preprocess(batch)
+            results.extend(self._postprocess(batch, prepared, self._run_model(prepared)))
+        return results
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(task={self.name!r}, model={self.model_name!r}, batch_size={self.batch_size})"

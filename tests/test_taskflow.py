@@ -1,0 +1,199 @@
+"""Taskflow on the shipped models, through the inference predictor: every task, batching, bad input."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from sampan.taskflow import Taskflow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def sampan_home(tmp_path_factory):
+    """A private $SAMPAN_HOME: only the shipped models resolve, and exports go to a fresh cache."""
+    home = tmp_path_factory.mktemp("sampan-home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SAMPAN_HOME", str(home))
+        yield home
+
+
+@pytest.fixture(scope="module")
+def sentiment():
+    return Taskflow("sentiment_analysis")
+
+
+@pytest.fixture(scope="module")
+def ner():
+    return Taskflow("ner", batch_size=4)
+
+
+def test_readme_snippet_sentiment(sentiment):
+    out = sentiment("这家餐厅的服务非常棒")
+    assert out[0]["text"] == "这家餐厅的服务非常棒"
+    assert out[0]["label"] == "positive"
+    assert 0.5 < out[0]["score"] <= 1.0
+    negative = sentiment("质量太差了，用了两天就坏，非常失望")
+    assert negative[0]["label"] == "negative"
+
+
+def test_sentiment_runs_through_the_exported_graph(sentiment, sampan_home):
+    """The task's logits are the ONNX predictor's, and they equal the eager (merged) model's."""
+    from sampan.finetune import load_task_model
+    from sampan.inference import Predictor
+    from sampan.taskflow.encoding import encode_texts
+
+    loaded = sentiment.task.loaded
+    assert isinstance(loaded.predictor, Predictor)
+    assert loaded.inference_dir.is_relative_to(sampan_home)
+    assert (loaded.inference_dir / "inference.onnx").is_file()
+    texts = ["物流很快，包装完好", "太难用了", "一般般吧，没有想象中好，但也不算差"]
+    enc = encode_texts(loaded.tokenizer, texts, 128)
+    (logits,) = loaded.predictor.run({"input_ids": enc.input_ids, "attention_mask": enc.attention_mask})
+    model, _, _ = load_task_model(loaded.directory)
+    with torch.no_grad():
+        eager = model.float()(torch.from_numpy(enc.input_ids), attention_mask=torch.from_numpy(enc.attention_mask))
+    np.testing.assert_allclose(logits, eager.numpy(), atol=1e-4, rtol=1e-4)
+
+
+def test_batches_give_the_same_answers_as_single_texts(sentiment):
+    texts = ["很好用，推荐购买", "客服态度恶劣", "还行", "这本书写得太精彩了，一口气读完"]
+    batched = Taskflow("sentiment_analysis", batch_size=3)(texts)
+    single = [sentiment(t)[0] for t in texts]
+    assert [r["label"] for r in batched] == [r["label"] for r in single]
+    np.testing.assert_allclose([r["score"] for r in batched], [r["score"] for r in single], atol=2e-4)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (None, "is None"),
+    (123, "got int"),
+    ([], "empty list"),
+    (["好", ""], r"\[1\] is empty"),
+    (["好", 5], r"\[1\] is a int"),
+    ("   ", r"\[0\] is empty"),
+])
+def test_bad_inputs_are_clear_value_errors(sentiment, bad, message):
+    with pytest.raises(ValueError, match=message):
+        sentiment(bad)
+
+
+def test_over_long_text_is_truncated_with_a_warning(sentiment):
+    text = "服务很好。" * 60
+    with pytest.warns(UserWarning, match=r"text \[0\] has \d+ tokens; only the first 126"):
+        out = sentiment(text)
+    assert out[0]["text"] == text and out[0]["label"] in ("positive", "negative")
+
+
+def test_ner_finds_people_and_places_with_offsets(ner):
+    text = "江泽民主席在北京会见了美国总统克林顿。"
+    (out,) = ner(text)
+    for ent in out["entities"]:
+        assert text[ent["start"]:ent["end"]] == ent["text"]
+        assert ent["type"] in ("PER", "LOC", "ORG")
+    found = {(e["text"], e["type"]) for e in out["entities"]}
+    assert ("江泽民", "PER") in found
+    assert ("北京", "LOC") in found
+
+
+def test_ner_tags_every_window_of_a_long_text(ner):
+    """A text far longer than the model's window is tagged window by window, offsets shifted back."""
+    filler = "今天天气很好，大家都去公园散步了。" * 20
+    text = filler + "李鹏总理在上海视察。"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no truncation warning: nothing is cut
+        (out,) = ner(text)
+    tail = [e for e in out["entities"] if e["start"] >= len(filler)]
+    assert any(e["text"] == "上海" and e["type"] == "LOC" for e in tail), out["entities"]
+    for ent in out["entities"]:
+        assert text[ent["start"]:ent["end"]] == ent["text"]
+
+
+def test_word_segmentation():
+    (out,) = Taskflow("word_segmentation")("我爱北京天安门")
+    assert out["words"] == ["我", "爱", "北京", "天安门"]
+
+
+def test_text_generation_is_seeded_and_continues_in_chinese():
+    gen = Taskflow("text_generation", max_new_tokens=16, seed=3)
+    first = gen(["话说天下大势", "中国经济"])
+    again = Taskflow("text_generation", max_new_tokens=16, seed=3)(["话说天下大势", "中国经济"])
+    assert first == again
+    for row in first:
+        assert 0 < len(row["generated"]) and re.search(r"[\u4e00-\u9fff]", row["generated"])
+
+
+def test_poetry_keeps_its_form():
+    (out,) = Taskflow("poetry_generation", line_chars=5, seed=1)("春风")
+    lines = re.findall(r"[^，。]+[，。]", out["poem"])
+    assert len(lines) == 4, out["poem"]
+    assert all(len(line) == 6 and re.fullmatch(r"[\u4e00-\u9fff]{5}[，。]", line) for line in lines)
+    assert out["poem"].startswith("春风")
+
+
+def test_fill_mask_fills_every_mask():
+    fill = Taskflow("fill_mask", top_k=3)
+    (out,) = fill("中华人民共和[MASK]成立五十周年")
+    assert len(out["predictions"]) == 3
+    scores = [p["score"] for p in out["predictions"]]
+    assert scores == sorted(scores, reverse=True)
+    assert all("[MASK]" not in p["sequence"] and len(p["token"]) >= 1 for p in out["predictions"])
+    assert out["predictions"][0]["token"] == "国"
+    with pytest.raises(ValueError, match=r"\[0\] has no \[MASK\]"):
+        fill("没有掩码")
+
+
+def test_int8_precision_agrees_with_fp32(sentiment):
+    texts = ["很好用，推荐购买", "客服态度恶劣，再也不买了", "这家餐厅的服务非常棒", "质量一般，价格偏贵"]
+    int8 = Taskflow("sentiment_analysis", precision="int8")
+    assert int8.task.loaded.predictor.model_path.name.endswith("int8.onnx")
+    assert [r["label"] for r in int8(texts)] == [r["label"] for r in sentiment(texts)]
+
+
+def test_tasks_listing_and_unknown_names():
+    tasks = Taskflow.tasks()
+    assert {"sentiment_analysis", "ner", "word_segmentation", "text_generation", "poetry_generation",
+            "fill_mask"} <= set(tasks)
+    assert tasks["sentiment_analysis"]["default_model"] == "ernie-tiny-sentiment"
+    with pytest.raises(ValueError, match="unknown task 'translation'; tasks: fill_mask, ner"):
+        Taskflow("translation")
+    from sampan.hub import ModelNotFoundError
+
+    with pytest.raises(ModelNotFoundError, match="unknown model 'no-such-model'"):
+        Taskflow("sentiment_analysis", model="no-such-model")
+
+
+def test_readme_snippets_run_in_a_fresh_process(sampan_home):
+    code = ("from sampan import Taskflow\n"
+            "sentiment_analysis = Taskflow('sentiment_analysis')\n"
+            "print(sentiment_analysis('这家餐厅的服务非常棒'))\n"
+            "import sampan.hub as hub\n"
+            "module = hub.Module(name='ernie_gen')\n"
+            "print(module.generate(text='人工智能的发展趋势'))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=True,
+                         env={**__import__("os").environ, "SAMPAN_HOME": str(sampan_home)})
+    lines = out.stdout.strip().splitlines()
+    assert lines[0].startswith("[{'text': '这家餐厅的服务非常棒', 'label': 'positive', 'score': 0.")
+    assert re.search(r"[\u4e00-\u9fff]", lines[1])
+
+
+def test_tasks_benchmark_quick(sampan_home, tmp_path):
+    """benchmarks/tasks.py --quick runs every section and writes the figures the README table reads."""
+    import json
+    import os
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "tasks.json"
+    subprocess.run([sys.executable, str(root / "benchmarks" / "tasks.py"), "--quick", "--out", str(out)],
+                   check=True, timeout=900, env={**os.environ, "SAMPAN_HOME": str(sampan_home)})
+    r = json.loads(out.read_text())
+    assert 0.5 <= r["sentiment"]["sampan_accuracy"] <= 1 and 0.5 <= r["sentiment"]["baseline_accuracy"] <= 1
+    assert {"PER", "LOC", "micro"} <= set(r["ner"]["sampan"]) and {"PER", "LOC"} <= set(r["ner"]["lac"])
+    assert r["lora_vs_full"]["lora"]["trainable_parameters"] < r["lora_vs_full"]["full"]["trainable_parameters"]
+    assert r["int8_vs_fp32"]["size_ratio_int8_over_fp32"] < 0.5
+    assert r["throughput"]["batch32"]["predictor"]["sentences_per_s"] > 0
