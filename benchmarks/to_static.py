@@ -1,30 +1,33 @@
-"""sampan.jit vs eager Python: GPT greedy decoding with a data-dependent early exit.
+"""sampan.jit.to_static vs eager Python and plain torch.compile, on sampan's tiny models.
 
-The program is ``examples/jit_export.py``'s decoder: a ``while cur < total and not
-finished.all()`` loop around a sampan GPT forward (no KV cache, so every iteration has the same
-shapes), stopping when every row has emitted EOS. Contenders, all on the same model and prompt:
+Two parts, all fp32 on this CPU, every contender on its own copy of the same model:
 
-* ``eager``: the Python function as written;
-* ``to_static``: ``sampan.jit.to_static`` (the loop becomes one ``torch.while_loop``, compiled by
-  inductor with ``fullgraph=True``; ``--quick`` uses the ``eager`` backend, to stay fast);
-* ``torch.compile``: plain ``torch.compile`` (same backend) of the same function, which cannot capture
-  the tensor loop condition and graph-breaks, so the loop stays in Python;
-* ``onnxruntime``: ``sampan.jit.save`` to ONNX (a ``Loop`` node), run by
-  ``sampan.jit.load(..., backend="onnxruntime")``.
+* ``programs``: gpt-tiny inference (logits of a batch), ernie-tiny inference (sequence
+  classification logits) and a gpt-tiny training step (forward through the converted function,
+  backward, AdamW step). Contenders: eager; ``to_static``; plain ``torch.compile`` of the same
+  function (same backend); and for inference the ``jit.save``-d ONNX file in onnxruntime. Before
+  timing, each must return eager's outputs (training: the first step's loss). Reported: median
+  step time and speed-up over eager, the first call's time (capture + compile, with a fresh
+  inductor cache), graphs built and graph breaks.
+* ``generation``: greedy GPT decoding with a data-dependent early exit, the program of
+  ``examples/jit_export.py``: a ``while cur < total and not finished.all()`` loop around a GPT
+  forward (no KV cache, so every iteration has the same shapes), stopping when every row has
+  emitted EOS. ``to_static`` makes the loop one ``torch.while_loop`` (fullgraph); plain
+  ``torch.compile`` graph-breaks at the tensor loop condition, so the loop stays in Python;
+  onnxruntime runs the exported ``Loop``. Every contender must return eager's tokens and
+  stopping position first (equal work).
 
-Before timing, every contender must return the same token ids and stopping position as eager
-(equal work). Steady-state steps (one whole generation each) are timed in interleaved blocks;
-the cold first call (conversion + capture + inductor compile, with a fresh inductor cache) and
-the ONNX export / session load are reported apart. Ratios are eager time / contender time
-(above 1: faster than eager; the table's "x" columns). fp32 only (this CPU has AVX2, no native bf16).
+Steady-state steps are timed in interleaved blocks (``benchmarks/_common.time_interleaved``).
+Ratios are eager time / contender time (above 1: faster than eager; the table's "x" columns).
 
-    python benchmarks/jit.py                          # defaults, writes benchmarks/results/jit.json
-    python benchmarks/jit.py --quick --out /tmp/j.json  # smoke run
+    python benchmarks/to_static.py                          # writes benchmarks/results/to_static.json
+    python benchmarks/to_static.py --quick --out /tmp/j.json  # smoke run (eager backend, tiny shapes)
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib.util
 import os
 import statistics
@@ -48,11 +51,11 @@ from _common import (
 from sampan.static import InputSpec
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "jit.json"
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "to_static.json"
 DEFAULTS = dict(hidden=64, layers=2, heads=2, vocab=64, prompt_len=4, new_tokens=16, batches=[1, 32], steps=2,
-                repeats=8, warmup=1, backend="inductor")
+                repeats=8, warmup=1, backend="inductor", program_batch=8, seq_len=32)
 QUICK = dict(hidden=32, layers=1, heads=2, vocab=32, prompt_len=3, new_tokens=3, batches=[1, 3], steps=1,
-             repeats=2, warmup=1, backend="eager")
+             repeats=2, warmup=1, backend="eager", program_batch=2, seq_len=8)
 CONTENDERS = ("eager", "to_static", "torch.compile", "onnxruntime")
 SHORT = {"eager": "eager", "to_static": "static", "torch.compile": "compile", "onnxruntime": "ORT"}
 SEED = 0
@@ -80,6 +83,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, help=f"generations per timed block (default {DEFAULTS['steps']})")
     parser.add_argument("--repeats", type=int, help=f"timed blocks per side (default {DEFAULTS['repeats']})")
     parser.add_argument("--warmup", type=int, help=f"untimed generations per side first (default {DEFAULTS['warmup']})")
+    parser.add_argument("--program-batch", type=int,
+                        help=f"batch of the inference / training programs (default {DEFAULTS['program_batch']})")
+    parser.add_argument("--seq-len", type=int,
+                        help=f"tokens per row of the inference / training programs (default {DEFAULTS['seq_len']})")
     parser.add_argument("--backend", help="torch.compile backend of to_static and torch.compile "
                         f"(default {DEFAULTS['backend']}; {QUICK['backend']} with --quick)")
     parser.add_argument("--threads", type=int, default=1,
@@ -88,7 +95,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true",
                         help="tiny shapes and few steps (smoke test); writes JSON only when --out is given")
     parser.add_argument("--out", type=Path, default=None,
-                        help="JSON output (default benchmarks/results/jit.json; none with --quick)")
+                        help="JSON output (default benchmarks/results/to_static.json; none with --quick)")
     args = parser.parse_args(argv)
     return apply_presets(args, QUICK if args.quick else DEFAULTS, None if args.quick else DEFAULT_OUT)
 
@@ -115,6 +122,123 @@ def pick_eos(generate_free, prompt: torch.Tensor, new_tokens: int) -> int:
     """A token that row 0 of ``prompt`` emits half-way, so that batch 1 leaves the loop early."""
     ids, _ = generate_free(prompt[:1])
     return int(ids[0, prompt.shape[1] + max(new_tokens // 2 - 1, 0)])
+
+
+def _graph_breaks() -> int:
+    return sum(torch._dynamo.utils.counters["graph_break"].values())
+
+
+def _forward_program(model):
+    """Inference: the logits of a batch (a ``def``, as to_static converts Python functions)."""
+
+    def forward(input_ids, attention_mask):
+        # The mask is passed, as a tokenizer makes it: without one, ERNIE builds it from the pad
+        # tokens behind `if bool(pad.any())`, a Python branch on a tensor value that no single
+        # graph can hold (the branches give a tensor or None).
+        return model(input_ids, attention_mask=attention_mask)
+
+    return forward
+
+
+def _loss_program(model):
+    """Training: the next-token loss of a batch; ``to_static`` converts this forward."""
+
+    def loss_fn(input_ids, attention_mask):
+        return model(input_ids, attention_mask=attention_mask, labels=input_ids)
+
+    return loss_fn
+
+
+def _train_step(loss_fn, model):
+    """One forward + backward + AdamW step through ``loss_fn``; returns the loss."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step(*inputs):
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(*inputs)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    return step
+
+
+def bench_program(name: str, model: torch.nn.Module, batch: tuple[torch.Tensor, ...], args: argparse.Namespace, threads: int,
+                  export_dir: Path, train: bool) -> dict:
+    """eager vs to_static vs plain torch.compile (vs onnxruntime for inference) on one program, each on
+    its own copy of ``model``: equal outputs first, then interleaved timing."""
+    models = {side: copy.deepcopy(model) for side in ("eager", "to_static", "torch.compile")}
+    build = _loss_program if train else _forward_program
+    counting = CountingBackend(args.backend)
+    static = sampan.jit.to_static(build(models["to_static"]), backend=args.backend)
+    fns = {"eager": build(models["eager"]), "to_static": static,
+           "torch.compile": torch.compile(build(models["torch.compile"]), backend=counting)}
+    runners = {side: _train_step(fn, models[side]) if train else fn for side, fn in fns.items()}
+    first_call_s, outputs, breaks = {}, {}, {}
+    grad = torch.enable_grad() if train else torch.no_grad()
+    with grad:
+        outputs["eager"] = runners["eager"](*batch)
+        for side in ("to_static", "torch.compile"):
+            before = _graph_breaks()
+            outputs[side], first_call_s[side] = timed_first_call(runners[side], *batch)
+            breaks[side] = _graph_breaks() - before
+    export = None
+    if not train:
+        files = sampan.jit.save(static, export_dir / name)
+        start = time.perf_counter()
+        runners["onnxruntime"] = sampan.jit.load(export_dir / name, backend="onnxruntime", num_threads=threads)
+        export = {"onnx_mb": files["onnx"].stat().st_size / 2**20, "load_s": time.perf_counter() - start}
+        outputs["onnxruntime"] = runners["onnxruntime"](*batch)
+    # Equal work: every contender returns eager's logits (inference) or first-step loss (training).
+    max_diff = {side: float((out - outputs["eager"]).abs().max()) for side, out in outputs.items()}
+    if any(d > 1e-4 for d in max_diff.values()):
+        raise RuntimeError(f"{name}: outputs differ from eager: {max_diff}")
+
+    def bound(fn):
+        return lambda: fn(*batch)
+
+    with grad:
+        timings = time_interleaved({side: bound(fn) for side, fn in runners.items()}, steps=args.steps,
+                                   repeats=args.repeats, warmup=args.warmup)
+    eager_t = timings["eager"]
+    stats = static.stats()
+    return {
+        "program": "forward + backward + AdamW step" if train else "forward (logits)",
+        "batch": list(batch[0].shape),
+        "max_abs_diff_vs_eager": max_diff,
+        "sides": {side: t.as_dict() for side, t in timings.items()},
+        "speedup_over_eager": {side: eager_t.median / t.median for side, t in timings.items() if side != "eager"},
+        "first_call_s": first_call_s,
+        "graphs": {"to_static": stats["compiles"], "torch.compile": counting.graphs},
+        "graph_breaks": {"to_static": stats["graph_breaks"], "torch.compile": breaks["torch.compile"]},
+        "onnx_export": export,
+    }
+
+
+def bench_programs(args: argparse.Namespace, threads: int, export_dir: Path) -> dict:
+    """gpt-tiny and ernie-tiny inference and a gpt-tiny training step."""
+    sizes = dict(hidden_size=args.hidden, num_layers=args.layers, num_heads=args.heads,
+                 intermediate_size=4 * args.hidden, max_position_embeddings=max(args.seq_len, 8))
+    gen = torch.Generator().manual_seed(SEED)
+    sampan.seed(SEED)
+    gpt = sampan.models.create("gpt-tiny", vocab_size=args.vocab, **sizes)
+    ernie = sampan.models.create("ernie-tiny", head="sequence_classification", vocab_size=args.vocab, **sizes)
+    ids = torch.randint(1, args.vocab, (args.program_batch, args.seq_len), generator=gen)
+    mask = torch.ones_like(ids)
+    mask[0, args.seq_len // 2:] = 0  # one padded row: the mask does something
+    batch = (ids, mask)
+    # Dropout off everywhere, so eager and compiled steps compute the same thing.
+    for model in (gpt, ernie):
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+    return {
+        "gpt-tiny inference": bench_program("gpt_forward", gpt.eval(), batch, args, threads, export_dir, train=False),
+        "ernie-tiny inference": bench_program("ernie_forward", ernie.eval(), batch, args, threads, export_dir,
+                                              train=False),
+        "gpt-tiny training step": bench_program("gpt_train", gpt.train(), batch, args, threads, export_dir,
+                                                train=True),
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -195,8 +319,11 @@ def main(argv: list[str] | None = None) -> dict:
     stats = static.stats()
     if stats["graph_breaks"] != 0:
         raise RuntimeError(f"to_static graph-broke: {stats}")
+    programs = bench_programs(args, threads, export_dir)
+    if any(row["graph_breaks"]["to_static"] for row in programs.values()):
+        raise RuntimeError(f"to_static graph-broke: { {n: r['graph_breaks'] for n, r in programs.items()} }")
     result = {
-        "benchmark": "jit",
+        "benchmark": "to_static",
         "timestamp": timestamp(),
         "torch_version": torch.__version__,
         "threads": threads,
@@ -216,6 +343,9 @@ def main(argv: list[str] | None = None) -> dict:
         "to_static_stats": stats,
         "torch_compile_graphs": counting.graphs,
         "batches": rows,
+        "programs": programs,
+        "programs_shape": {"batch": args.program_batch, "seq_len": args.seq_len, "hidden": args.hidden,
+                           "layers": args.layers, "heads": args.heads, "vocab": args.vocab},
     }
 
     table = Table(title=f"ms per generation; xNAME = eager / NAME.  GPT greedy decode, early exit  h={args.hidden} L={args.layers} V={args.vocab} "
@@ -235,6 +365,19 @@ def main(argv: list[str] | None = None) -> dict:
         f"{name} " + ", ".join(f"batch {b}: {s:.1f}" for b, s in per.items()) for name, per in first_call_s.items()))
     console.print(f"ONNX: jit.save {export['save_s']:.1f} s (.pt2 + .onnx), onnxruntime session {export['load_s']:.2f} s; "
                   f"to_static {stats}; plain torch.compile built {counting.graphs} graphs")
+    table = Table(title=f"ms per step; xNAME = eager / NAME.  batch {args.program_batch} x {args.seq_len} tokens, "
+                        f"h={args.hidden} L={args.layers}, fp32, {threads} threads, {args.backend}")
+    for column in ("program", "eager", "static", "compile", "ORT", "xstatic", "xcompile", "xORT",
+                   "first call static / compile (s)", "graphs static / compile", "breaks compile"):
+        table.add_column(column, justify="left" if column == "program" else "right")
+    for name, row in programs.items():
+        sides, speed = row["sides"], row["speedup_over_eager"]
+        table.add_row(name, *(f"{sides[n]['median_step_s'] * 1e3:.1f}" if n in sides else "-" for n in CONTENDERS),
+                      *(f"{speed[n]:.2f}x" if n in speed else "-" for n in CONTENDERS[1:]),
+                      f"{row['first_call_s']['to_static']:.1f} / {row['first_call_s']['torch.compile']:.1f}",
+                      f"{row['graphs']['to_static']} / {row['graphs']['torch.compile']}",
+                      str(row["graph_breaks"]["torch.compile"]))
+    console.print(table)
     busy = [x for x in (load_at_start, result["machine"]["loadavg_1_5_15"]) if x and x[0] > 0.5]
     if busy:
         console.print(f"[yellow]note: 1-min load average was {max(x[0] for x in busy):.1f} on "
