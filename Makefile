@@ -42,7 +42,7 @@ bench: setup
 	$(BIN)/python benchmarks/model_step.py
 	$(BIN)/python benchmarks/trainer.py
 	$(BIN)/python benchmarks/hybrid_parallel.py
-	$(BIN)/python benchmarks/jit.py
+	$(BIN)/python benchmarks/to_static.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
