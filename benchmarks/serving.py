@@ -132,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=None, help="untimed seconds per side first")
     parser.add_argument("--max-batch-size", type=int, default=32, help="the batching server's --max-batch-size")
     parser.add_argument("--max-wait-ms", type=float, default=5.0, help="the batching server's --max-wait-ms")
+    parser.add_argument("--num-threads", type=int, default=None,
+                        help="the servers' --num-threads (ONNX Runtime threads; default: one per core)")
     parser.add_argument("--quick", action="store_true", help="a few seconds, for the test of the JSON schema")
     parser.add_argument("--out", default=None, help=f"results JSON (default: {RESULTS})")
     args = parser.parse_args(argv)
@@ -140,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     sides = {"dynamic_batching": ["--max-batch-size", str(args.max_batch_size), "--max-wait-ms", str(args.max_wait_ms)],
              "batch_size_1": ["--max-batch-size", "1"]}
     common = ["--task", args.task, "--log-level", "warning", "--max-queue-inputs", "100000"]
+    if args.num_threads is not None:
+        common += ["--num-threads", str(args.num_threads)]
     servers = {name: ServerProcess([*common, *extra]) for name, extra in sides.items()}
     blocks: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
     try:
@@ -169,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         "clients": args.clients,
         "duration_s_per_block": args.duration,
         "repeats": args.repeats,
+        "num_threads": args.num_threads,
         "settings": {"dynamic_batching": {"max_batch_size": args.max_batch_size, "max_wait_ms": args.max_wait_ms},
                      "batch_size_1": {"max_batch_size": 1}},
         "runs": runs,

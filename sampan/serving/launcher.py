@@ -26,11 +26,12 @@ class ServerProcess:
 
     Args:
         args: ``sampan serve`` arguments (not --host / --port, which this class sets).
-        startup_timeout_s: how long loading the models may take before it gives up.
+        startup_timeout_s: how long loading the models may take before it gives up (the first start
+            exports each Taskflow model once, which takes minutes on a small busy machine).
         env: extra environment variables for the child.
     """
 
-    def __init__(self, args: Sequence[str], startup_timeout_s: float = 180.0, env: dict[str, str] | None = None,
+    def __init__(self, args: Sequence[str], startup_timeout_s: float = 600.0, env: dict[str, str] | None = None,
                  host: str = "127.0.0.1"):
         self.args = list(args)
         self.startup_timeout_s = startup_timeout_s

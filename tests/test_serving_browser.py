@@ -1,0 +1,105 @@
+"""The demo page at `/` in headless Chromium (Debian's /usr/bin/chromium driven by the Python
+playwright package; no browser download): type Chinese text, see the sentiment and its score, the
+NER spans highlighted in the text, and a generated continuation - all from the real Taskflow tasks
+behind a real `sampan serve` process.
+
+`.ci/run` installs chromium before `make test`; without it this file is skipped and says why.
+"""
+
+from __future__ import annotations
+
+import os
+
+import httpx
+import pytest
+
+from sampan.serving.launcher import ServerProcess
+
+CHROMIUM = "/usr/bin/chromium"
+# From /work/shared/DEPS-VERIFIED.md: headless, no sandbox (root in CI), nothing that phones home.
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
+                                reason=f"{CHROMIUM} is absent: install it with `apt-get install -y "
+                                       "--no-install-recommends chromium fonts-wqy-microhei` (.ci/run does)")
+
+TEXT = "李彦宏在北京创办了百度公司，这家公司的服务真不错。"
+PROMPT_MAX_TOKENS = "text_generation.max_new_tokens=12"
+
+
+@pytest.fixture(scope="module")
+def server():
+    args = ["--task", "sentiment_analysis", "--task", "ner", "--task", "text_generation",
+            "--task-option", PROMPT_MAX_TOKENS, "--log-level", "warning"]
+    with ServerProcess(args) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        yield chromium
+        chromium.close()
+
+
+def _api(server, task: str, text: str) -> dict:
+    response = httpx.post(f"{server.url}/v1/tasks/{task}", json={"inputs": [text]}, timeout=60)
+    assert response.status_code == 200, response.text
+    return response.json()["outputs"][0]
+
+
+def test_page_shows_sentiment_entities_and_continuation(server, browser):
+    page = browser.new_page()
+    requested: list[str] = []
+    page.on("request", lambda request: requested.append(request.url))
+    page.goto(f"{server.url}/")
+    page.wait_for_selector("body[data-ready='1']", timeout=30_000)
+
+    page.fill("#text", TEXT)
+    page.click("#run")
+    page.wait_for_selector("body[data-state]", timeout=120_000)
+    assert page.get_attribute("body", "data-state") == "done", page.text_content("#error")
+    assert page.text_content("#error") == ""
+
+    # Sentiment: the label and score the API gives for the same text.
+    expected = _api(server, "sentiment_analysis", TEXT)
+    label_class = page.get_attribute("#sentiment .label", "class")
+    assert expected["label"] in label_class.split()
+    assert page.text_content("#sentiment .score") == f"{expected['score']:.3f}"
+    width = page.eval_on_selector("#sentiment .bar > span", "e => e.style.width")
+    assert width == f"{round(expected['score'] * 100)}%"
+
+    # NER: the text is shown whole, each entity wrapped in a <mark> of its type, in order.
+    ner = _api(server, "ner", TEXT)
+    assert page.text_content("#ner").startswith(TEXT)
+    marks = page.eval_on_selector_all("#ner mark.ent", "ms => ms.map(m => [m.textContent, m.dataset.type])")
+    assert marks == [[e["text"], e["type"]] for e in sorted(ner["entities"], key=lambda e: e["start"])]
+    assert marks, f"the ner task found no entity in {TEXT!r}; the highlight went untested"
+    for text, kind in marks:
+        assert kind in ("PER", "LOC", "ORG") and text in TEXT
+
+    # Generation: the prompt, then a non-empty continuation (what the task generated for this prompt).
+    prompt = page.text_content("#generation .prompt")
+    continuation = page.text_content("#generation .continuation")
+    assert prompt == TEXT and continuation
+
+    # Nothing was fetched from anywhere but the service itself (no CDN, no fonts, no analytics).
+    assert requested and all(url.startswith(server.url) for url in requested), requested
+    page.close()
+
+
+def test_page_shows_the_error_message_for_bad_input(server, browser):
+    page = browser.new_page()
+    page.goto(f"{server.url}/")
+    page.wait_for_selector("body[data-ready='1']", timeout=30_000)
+    page.fill("#text", "长" * 5000)  # over max_text_chars (2,000): each task answers 413 text_too_long
+    page.click("#run")
+    page.wait_for_selector("body[data-state]", timeout=60_000)
+    assert page.get_attribute("body", "data-state") == "error"
+    error = page.text_content("#error")
+    assert "text_too_long" in error and "max_text_chars" in error
+    page.close()
