@@ -39,10 +39,18 @@ def test_bad_demo_argument_is_a_clear_error(capsys):
     assert "steps must be > 0" in capsys.readouterr().err
 
 
-def test_demo_learns_and_saves_a_loadable_model(tmp_path):
+def test_demo_learns_and_saves_a_loadable_model(tmp_path, monkeypatch):
+    monkeypatch.setenv("SAMPAN_HOME", str(tmp_path / "home"))  # the Taskflow export cache
     cfg = DemoConfig(steps=40, batch_size=8, seq_len=64, eval_every=20, warmup_steps=5,
                      max_new_tokens=10, out_dir=str(tmp_path / "demo"))
     result = run_demo(cfg, log=lambda _: None)
+    # Stage 2: the pretrained ERNIE was fine-tuned, exported and answered through the ONNX predictor.
+    stage = result["ernie"]["finetune"]
+    assert 0.0 <= stage["metrics"]["accuracy"] <= 1.0
+    assert (tmp_path / "home" / "cache" / "inference").is_dir()
+    assert stage["export_dir"].startswith(str(tmp_path / "home"))
+    assert [a["text"] for a in stage["answers"]] == ["这家餐厅的服务非常棒", "质量太差了，用了两天就坏"]
+    assert all(a["label"] in ("positive", "negative") for a in stage["answers"])
     summary = result["summary"]
     # A character LM starts near log(vocab) ~ 8.1 and must clearly beat it after 40 steps,
     # on training and on held-out chapters alike.
@@ -55,7 +63,7 @@ def test_demo_learns_and_saves_a_loadable_model(tmp_path):
     assert model.config.vocab_size == len(vocab)
     # Rerunning the demo into the same directory starts over instead of mixing two runs.
     again = run_demo(DemoConfig(steps=2, batch_size=2, seq_len=32, eval_every=2, max_new_tokens=2,
-                                out_dir=cfg.out_dir), log=lambda _: None)
+                                finetune_steps=0, out_dir=cfg.out_dir), log=lambda _: None)
     assert again["summary"]["steps"] == 2
 
 

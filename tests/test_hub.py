@@ -7,7 +7,9 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from safetensors import safe_open
+from safetensors.torch import load_file
 
 import sampan.hub as hub
 from sampan.hub import recipes
@@ -93,9 +95,11 @@ def test_gpt_recipe_builds_a_usable_seeded_model(home):
     card = json.loads((built / "card.json").read_text(encoding="utf-8"))
     assert card["settings"]["steps"] == 3 and card["settings"]["hidden_size"] == 32
     assert card["metrics"]["heldout_loss"] > 0
-    first = (built / "model.safetensors").read_bytes()
+    first = load_file(str(built / "model.safetensors"))
     subprocess.run(cmd, check=True, env=env, timeout=600, capture_output=True)
-    assert (built / "model.safetensors").read_bytes() == first
+    again = load_file(str(built / "model.safetensors"))
+    assert first.keys() == again.keys()
+    assert all(torch.equal(first[k], again[k]) for k in first)
     out = subprocess.run([sys.executable, "-m", "sampan.cli", "task", "text_generation", "话说", "--model", "gpt-zh"],
                          check=True, env=env, timeout=600, capture_output=True, text=True)
     row = json.loads(out.stdout.strip().splitlines()[-1])

@@ -141,6 +141,16 @@ def _fp16_copy(src: Path, dst: Path, extra_files: tuple[str, ...] = ()) -> None:
             shutil.copyfile(src / name, dst / name)
 
 
+def _fp16_tensors(path: Path) -> None:
+    """Rewrite a safetensors file with its floating tensors in fp16 (loading casts them back)."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = {k: (v.half() if v.is_floating_point() else v) for k, v in load_file(str(path)).items()}
+    tmp = path.with_suffix(".tmp")
+    save_file(tensors, str(tmp))
+    tmp.replace(path)
+
+
 def build_ernie(settings: ErnieSettings, out: Path, log: Callable[[str], None]) -> dict[str, Any]:
     from sampan.pretraining.config import PretrainConfig
     from sampan.pretraining.evaluate import char_mlm_accuracy, entity_cloze_accuracy
@@ -241,7 +251,11 @@ def _build_task(task: str, name: str) -> Callable[[TaskSettings, Path, Callable[
         if "base_model_dir" in meta:  # the store keeps the base beside its task models
             meta["base_model_dir"] = f"../{settings.base}"
         if (out / "model.safetensors").is_file():  # full weights: store them in fp16 like the rest
-            _fp16_copy(out, out)
+            _fp16_copy(run_dir, out, ("tokenizer.json",))
+        if (out / "adapter.safetensors").is_file():
+            _fp16_tensors(out / "adapter.safetensors")
+            # The adapter reads its tokenizer from the base beside it: one copy in the store.
+            (out / "tokenizer.json").unlink(missing_ok=True)
         meta_path.write_text(json.dumps(meta, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
         metrics = {f"test_{k}": v for k, v in result.metrics.items() if isinstance(v, (int, float))}
         return {**metrics, "trainable_parameters": result.trainable_parameters,

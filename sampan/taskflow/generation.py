@@ -43,8 +43,11 @@ class _Decoder:
         (logits,) = self.loaded.predictor.run({"input_ids": ids})
         return np.stack([logits[i, len(r) - 1] for i, r in enumerate(cut)]).astype(np.float64)
 
-    def sample(self, logits: np.ndarray, history: list[int], allowed: np.ndarray | None = None) -> int:
+    def sample(self, logits: np.ndarray, history: list[int], allowed: np.ndarray | None = None,
+               allow_end: bool = True) -> int:
         logits = logits.copy()
+        if not allow_end:
+            logits[SEP_ID] = -np.inf
         if self.penalty != 1.0 and history:
             seen = np.unique(np.asarray(history))
             logits[seen] = np.where(logits[seen] > 0, logits[seen] / self.penalty, logits[seen] * self.penalty)
@@ -72,8 +75,11 @@ class TextGeneration(Task):
         self.loaded = self._load(model)
         o = self.options
         self.max_new_tokens = int(o.get("max_new_tokens", 48))
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        # The training rows end documents with [SEP]; a headline-like prompt would often end at once.
+        self.min_new_tokens = int(o.get("min_new_tokens", min(16, self.max_new_tokens)))
+        if self.max_new_tokens < 1 or not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise ValueError(f"need 1 <= max_new_tokens and 0 <= min_new_tokens <= max_new_tokens, got "
+                             f"{self.max_new_tokens} and {self.min_new_tokens}")
         self.decoder = _Decoder(self.loaded, int(o.get("seed", 0)), float(o.get("temperature", 0.8)),
                                 int(o.get("top_k", 20)), float(o.get("repetition_penalty", 1.2)))
 
@@ -88,13 +94,13 @@ class TextGeneration(Task):
         rows = [list(r) for r in rows]
         new: list[list[int]] = [[] for _ in rows]
         live = list(range(len(rows)))
-        for _ in range(self.max_new_tokens):
+        for step in range(self.max_new_tokens):
             if not live:
                 break
             logits = self.decoder.next_logits([rows[i] for i in live])
             still = []
             for j, i in enumerate(live):
-                token = self.decoder.sample(logits[j], rows[i])
+                token = self.decoder.sample(logits[j], rows[i], allow_end=step >= self.min_new_tokens)
                 if token == SEP_ID:  # end of a document in the training rows
                     continue
                 rows[i].append(token)
