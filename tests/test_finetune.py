@@ -338,4 +338,5 @@ def test_cli_finetune_end_to_end(base_dir, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["finetune", "--help"])
     assert exit_info.value.code == 0
-    assert all(flag in capsys.readouterr().out for flag in ("--method", "--lora-rank", "--save", "--max-train-examples"))
+    usage = capsys.readouterr().out
+    assert all(flag in usage for flag in ("--method", "--lora-rank", "--save", "--max-train-examples"))
