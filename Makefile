@@ -38,11 +38,13 @@ lint: setup-dev
 demo: setup
 	$(BIN)/sampan demo
 
-bench: setup
+# setup-dev: benchmarks/tasks.py's baseline uses scikit-learn (a dev extra).
+bench: setup-dev
 	$(BIN)/python benchmarks/model_step.py
 	$(BIN)/python benchmarks/trainer.py
 	$(BIN)/python benchmarks/hybrid_parallel.py
 	$(BIN)/python benchmarks/to_static.py
+	$(BIN)/python benchmarks/tasks.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
