@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from sampan.taskflow.task import Task
-from sampan.text.tokenizer import CLS_ID, PAD_ID, SEP_ID
+from sampan.text.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID, UNK_ID
 
 _HANZI = re.compile(r"^[\u4e00-\u9fff]$")
 
@@ -51,8 +51,7 @@ class _Decoder:
         if self.penalty != 1.0 and history:
             seen = np.unique(np.asarray(history))
             logits[seen] = np.where(logits[seen] > 0, logits[seen] / self.penalty, logits[seen] * self.penalty)
-        logits[:SEP_ID] = -np.inf  # never [PAD] [UNK] [CLS]
-        logits[SEP_ID + 1: SEP_ID + 2] = -np.inf  # never [MASK]
+        logits[[PAD_ID, UNK_ID, CLS_ID, MASK_ID]] = -np.inf  # never generated; [SEP] ends a text
         if allowed is not None:
             logits[~allowed] = -np.inf
         logits = logits / self.temperature
