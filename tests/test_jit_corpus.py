@@ -3,17 +3,15 @@
 Each program is checked, in one test per program, against the plain Python function run eagerly:
 to_static (``torch.compile(fullgraph=True)``, zero graph breaks) on two inputs, so that tensor
 predicates take both ways, with gradients equal to eager where the program is differentiable;
-then ``jit.save`` exports it, and the ``jit.load``-ed ``.pt2`` must equal eager within 1e-5 on the
-same two inputs, as must onnxruntime on the ``.onnx`` for the programs in ``ONNX`` (all of them
-with ``SAMPAN_JIT_CORPUS_ONNX=all``). One program per construct family is exported with a dynamic
-batch dimension and also checked at batch 1 and 6, with its control flow kept as ``If`` /
-``Loop`` (or, for an ``if`` inside a loop, ``Where``) nodes in the ONNX graph.
+then ``jit.save`` exports it, and the ``jit.load``-ed ``.pt2`` and onnxruntime on the ``.onnx``
+must each equal eager within 1e-5 on the same two inputs. One program per construct family is
+exported with a dynamic batch dimension and also checked at batch 1 and 6, with its control flow
+kept as ``If`` / ``Loop`` (or, for an ``if`` inside a loop, ``Where``) nodes in the ONNX graph.
 """
 
 from __future__ import annotations
 
 import json
-import os
 
 import onnx
 import pytest
@@ -488,20 +486,13 @@ def _with_batch(args, n):
     return tuple(a if a.dim() == 0 else a.repeat(-(-n // a.shape[0]), *[1] * (a.dim() - 1))[:n] for a in args)
 
 
-# Every program is exported to .pt2. The ONNX half of an export takes several seconds per program
-# on 2 shared cores, so by default these go through ONNX too: the dynamic-batch family
-# representatives, the programs with a tensor `if` inside a tensor loop (exported as a select)
-# and a layer's weights. SAMPAN_JIT_CORPUS_ONNX=all sends every program through ONNX (all 44 pass;
-# about 7 minutes more).
-ONNX = {*DYNAMIC_BATCH, "p_while_break", "p_while_continue", "p_nested_loops_break", "p_layer"}
-ALL_ONNX = os.environ.get("SAMPAN_JIT_CORPUS_ONNX", "") == "all"
-
 
 @pytest.fixture(autouse=True)
 def fresh_dynamo():
-    """Each program starts from empty torch.compile caches. Run back to back in one process without
-    this, the 17th program (the first to export an `if` inside a loop with a dynamic batch) and
-    every program after it returned wrong values; not yet diagnosed (see docs/jit.md)."""
+    """Each program starts from empty torch.compile caches, so that no program's result depends on
+    the ones before it. (Without this reset an earlier version returned wrong values from the 17th
+    program on; since an `if` inside a tensor loop became a select, all 44 pass back to back
+    without it too. See docs/jit.md.)"""
     torch._dynamo.reset()
     yield
 
@@ -530,14 +521,11 @@ def _check_to_static(fn, make, differentiable, static):
 
 
 def _check_export(name, fn, make, static, base):
-    with_onnx = ALL_ONNX or name in ONNX
-    files = sampan.jit.save(static, base, onnx=with_onnx)
-    assert {p.suffix for p in files.values()} == {".pt2", ".json"} | ({".onnx"} if with_onnx else set())
+    files = sampan.jit.save(static, base)
+    assert {p.suffix for p in files.values()} == {".pt2", ".json", ".onnx"}
     meta = json.loads(files["json"].read_text())
     assert meta["onnx_error"] is None
-    loaded = {".pt2": sampan.jit.load(base)}
-    if with_onnx:
-        loaded["onnx"] = sampan.jit.load(base, backend="onnxruntime")
+    loaded = {".pt2": sampan.jit.load(base), "onnx": sampan.jit.load(base, backend="onnxruntime")}
     dynamic = name in DYNAMIC_BATCH
     for seed in SEEDS:
         args = inputs_of(make, seed)
