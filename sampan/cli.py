@@ -228,6 +228,9 @@ def _add_finetune_parser(verbs) -> None:
     ft.add_argument("--lora-rank", type=int, default=8, help="(default: 8)")
     ft.add_argument("--lora-alpha", type=float, default=16.0, help="(default: 16)")
     ft.add_argument("--adapter-size", type=int, default=64, help="adapter bottleneck width (default: 64)")
+    ft.add_argument("--freeze", default="", metavar="PREFIX[,PREFIX...]",
+                    help="parameter-name prefixes kept at the base's values, e.g. ernie.embeddings.word_embeddings; "
+                         "with --method full --save adapter only the weights that trained are written")
     ft.add_argument("--max-length", type=int, default=128, help="tokens per example incl. [CLS]/[SEP] (default: 128)")
     ft.add_argument("--max-train-examples", type=int, default=None, help="use at most N training examples")
     ft.add_argument("--max-eval-examples", type=int, default=None, help="score at most N dev and N test examples")

@@ -63,6 +63,8 @@ def runs(base_dir, tmp_path_factory):
         "lora-adapter-layout": dict(method="lora", learning_rate=3e-3, save="adapter"),
         "adapter": dict(method="adapter", learning_rate=3e-3),
         "adapter-adapter-layout": dict(method="adapter", learning_rate=3e-3, save="adapter"),
+        "full-frozen-embeddings": dict(method="full", learning_rate=1e-3, save="adapter",
+                                       freeze=("ernie.embeddings.word_embeddings",)),
     }
     return {name: finetune(FinetuneConfig(task="ner", model=str(base_dir), output_dir=str(root / name), **FAST, **spec))
             for name, spec in specs.items()}
@@ -265,6 +267,35 @@ def test_adapter_layout_loads_equal_to_the_merged_layout(runs, method, base_dir)
     assert meta_m["metrics"] == meta_a["metrics"]  # the same run, saved two ways
 
 
+def test_full_finetune_with_frozen_embeddings_saves_only_what_trained(runs, base_dir):
+    """freeze + save='adapter': a full fine-tune stored as the tensors that moved, over the base."""
+    from safetensors.torch import load_file
+
+    result = runs["full-frozen-embeddings"]
+    assert result.dev_metrics["loss"] < 0.9 * result.initial_dev_metrics["loss"]
+    saved = load_file(str(result.output_dir / "adapter.safetensors"))
+    base = load_file(str(base_dir / "model.safetensors"))
+    word = "ernie.embeddings.word_embeddings.weight"
+    assert word not in saved and "classifier.weight" in saved
+    assert "ernie.layers.1.mlp.fc2.weight" in saved and "ernie.embeddings.position_embeddings.weight" in saved
+    assert result.trainable_parameters == result.total_parameters - base[word].numel()
+    model, _, meta = load_task_model(result.output_dir)
+    params = dict(model.named_parameters())
+    assert torch.equal(params[word], base[word])  # held at the base's values
+    for name, tensor in saved.items():
+        assert torch.equal(params[name], tensor), name
+    moved = "ernie.layers.0.attn.q_proj.weight"
+    assert not torch.allclose(params[moved], base[moved])
+    assert meta["freeze"] == ["ernie.embeddings.word_embeddings"] and meta["method"] == "full"
+
+
+def test_freeze_prefix_that_names_nothing_is_an_error(base_dir, tmp_path):
+    cfg = FinetuneConfig(task="ner", model=str(base_dir), output_dir=str(tmp_path / "out"), freeze="ernie.embedings",
+                         **FAST)
+    with pytest.raises(ValueError, match=r"freeze prefixes \['ernie.embedings'\] name no parameter"):
+        finetune(cfg)
+
+
 def test_lora_merged_model_loads_with_plain_from_pretrained(runs):
     from sampan.models import from_pretrained
 
@@ -316,6 +347,7 @@ def test_config_validation():
         FinetuneConfig(method="prefix")
     with pytest.raises(ValueError, match="save='adapter'"):
         FinetuneConfig(method="full", save="adapter")
+    assert FinetuneConfig(method="full", save="adapter", freeze="a.b, c").freeze == ("a.b", "c")
     with pytest.raises(ValueError, match="warmup"):
         FinetuneConfig(warmup=5)
 

@@ -37,6 +37,10 @@ class FinetuneConfig:
         lora_targets: names of the ``nn.Linear`` modules that get LoRA (the last part of the
             module path); default: the attention q / k / v / out projections.
         adapter_size: bottleneck width of each adapter.
+        freeze: parameter-name prefixes held at the base's values whatever the method, e.g.
+            ("ernie.embeddings.word_embeddings",). With method="full" and save="adapter" only
+            the parameters that trained are written (over the base, like an adapter): a full
+            fine-tune at a fraction of a full model's size.
         max_length: longest input in tokens, [CLS] and [SEP] included; longer reviews are cut,
             longer ner sentences are split into windows.
         batch_size: examples per optimizer step.
@@ -70,6 +74,7 @@ class FinetuneConfig:
     lora_dropout: float = 0.0
     lora_targets: tuple[str, ...] = DEFAULT_LORA_TARGETS
     adapter_size: int = 64
+    freeze: tuple[str, ...] = ()
     max_length: int = 128
     batch_size: int = 32
     learning_rate: float = 5e-5
@@ -96,6 +101,9 @@ class FinetuneConfig:
         if isinstance(self.lora_targets, str):
             self.lora_targets = tuple(t.strip() for t in self.lora_targets.split(",") if t.strip())
         self.lora_targets = tuple(self.lora_targets)
+        if isinstance(self.freeze, str):
+            self.freeze = tuple(t.strip() for t in self.freeze.split(",") if t.strip())
+        self.freeze = tuple(self.freeze)
         need(self.task in TASKS, "task", f"must be one of {list(TASKS)}")
         need(self.method in METHODS, "method", f"must be one of {list(METHODS)}")
         need(self.save in SAVE_MODES, "save", f"must be one of {list(SAVE_MODES)}")
@@ -121,11 +129,13 @@ class FinetuneConfig:
             value = getattr(self, name)
             need(value is None or (isinstance(value, int) and value > 0), name, "must be None (all) or an integer > 0")
         need(bool(self.lora_targets), "lora_targets", "must name at least one linear layer")
-        if self.save == "adapter" and self.method == "full":
-            raise ValueError("FinetuneConfig.save='adapter' keeps only the trained LoRA / adapter weights, but "
-                             "method='full' trains every weight: use save='merged' or method='lora' / 'adapter'")
+        if self.save == "adapter" and self.method == "full" and not self.freeze:
+            raise ValueError("FinetuneConfig.save='adapter' keeps only the weights that trained, but method='full' "
+                             "with nothing in freeze trains every weight: use save='merged', method='lora' / "
+                             "'adapter', or freeze some weights (e.g. freeze=('ernie.embeddings.word_embeddings',))")
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["lora_targets"] = list(self.lora_targets)
+        data["freeze"] = list(self.freeze)
         return data

@@ -114,7 +114,7 @@ def finetune(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = None
                    "lora_targets": list(cfg.lora_targets)} if cfg.method == "lora" else (
         {"adapter_size": cfg.adapter_size} if cfg.method == "adapter" else {})
     torch.manual_seed(cfg.seed)  # LoRA / adapter init
-    apply_method(model, cfg.method, method_args, report.initialised)
+    apply_method(model, cfg.method, method_args, report.initialised, cfg.freeze)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
 
@@ -150,7 +150,7 @@ def finetune(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = None
         shutil.rmtree(checkpoint)
     meta = {
         "task": cfg.task, "labels": data.labels, "max_length": cfg.max_length, "base_model": cfg.model,
-        "method": cfg.method, "method_args": method_args, "metrics": test, "dev_metrics": selection.best,
+        "method": cfg.method, "method_args": method_args, "freeze": list(cfg.freeze), "metrics": test, "dev_metrics": selection.best,
         "trainable_parameters": trainable, "total_parameters": total, "seed": cfg.seed,
         "features": list(base.feature_names), "data": cfg.data, "data_sizes": data.sizes(),
         "steps": steps, "learning_rate": cfg.learning_rate, "batch_size": cfg.batch_size,

@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +37,14 @@ TOKENIZER_FILE = "tokenizer.json"
 FEATURES_FILE = "features.json"
 
 
-def apply_method(model: torch.nn.Module, method: str, method_args: dict[str, Any], new_head: list[str]) -> None:
+def apply_method(model: torch.nn.Module, method: str, method_args: dict[str, Any], new_head: list[str],
+                 freeze: Sequence[str] = ()) -> None:
     """Insert LoRA / adapters and set which parameters train.
 
     full: everything. lora: the LoRA matrices and the newly initialised head. adapter: the
-    adapters, every LayerNorm (as Houlsby et al. train them) and the new head.
+    adapters, every LayerNorm (as Houlsby et al. train them) and the new head. Then parameters
+    whose name starts with one of ``freeze`` are frozen, whatever the method; a prefix that names
+    no parameter is an error (a typo would otherwise silently train everything).
     """
     if method == "lora":
         apply_lora(model, method_args["lora_targets"], method_args["lora_rank"], method_args["lora_alpha"],
@@ -62,7 +66,12 @@ def apply_method(model: torch.nn.Module, method: str, method_args: dict[str, Any
             trainable = ".lora_" in name or name in head
         else:
             trainable = ".adapter." in name or name in head or name in norms
-        param.requires_grad_(trainable)
+        param.requires_grad_(trainable and not name.startswith(tuple(freeze)))
+    names = [n for n, _ in model.named_parameters()]
+    unknown = [f for f in freeze if not any(n.startswith(f) for n in names)]
+    if unknown:
+        raise ValueError(f"freeze prefixes {unknown} name no parameter of the task model; its parameters "
+                         f"start with e.g. {sorted({n.rsplit('.', 2)[0] for n in names})[:6]}")
 
 
 def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
