@@ -168,6 +168,30 @@ def test_save_needs_a_call_or_spec(tmp_path):
         sampan.jit.save(static, tmp_path / "m")
 
 
+def masked_mean(x, mask):
+    total = (x * mask).sum(dim=1)
+    if total.sum() > 0:
+        total = total / mask.sum(dim=1).clamp(min=1)
+    return total
+
+
+def test_save_infers_dynamic_dims_that_inputs_share(tmp_path):
+    """Two inputs with the same `None` dims (ids and mask): jit.save must infer they are equal
+    rather than refuse them, and the program then runs at other sizes through .pt2 and ONNX."""
+    specs = [InputSpec([None, None], "float32", "x"), InputSpec([None, None], "float32", "mask")]
+    static = sampan.jit.to_static(masked_mean, input_spec=specs, backend="eager")
+    x, mask = torch.randn(3, 5), (torch.rand(3, 5) > 0.3).float()
+    torch.testing.assert_close(static(x, mask), masked_mean(x, mask))
+    sampan.jit.save(static, tmp_path / "m")
+    meta = json.loads((tmp_path / "m.json").read_text())
+    assert [i["shape"] for i in meta["inputs"]] == [[None, None], [None, None]]
+    for backend in ("pt2", "onnxruntime"):
+        loaded = sampan.jit.load(tmp_path / "m", backend=backend)
+        for shape in ((1, 7), (4, 2)):
+            x, mask = torch.randn(*shape), (torch.rand(*shape) > 0.3).float()
+            torch.testing.assert_close(loaded(x, mask), masked_mean(x, mask), msg=lambda m, b=backend: f"{b}: {m}")
+
+
 model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
 
 

@@ -9,13 +9,11 @@ a bad input instead of failing inside ONNX Runtime.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
 import tempfile
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,34 +22,6 @@ from torch import nn
 
 from sampan.inference.config import MODEL_PREFIX
 from sampan.static import InputSpec
-
-_PATCH_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def _related_dynamic_dims() -> Iterator[None]:
-    """Make ``jit.save`` mark dynamic dimensions ``Dim.DYNAMIC`` instead of one named ``Dim`` each.
-
-    ``jit.save`` gives every dynamic dimension its own ``torch.export.Dim`` with no upper bound,
-    which cannot express a real model: ``input_ids`` and ``attention_mask`` share batch and
-    sequence sizes, and the position table caps the sequence (torch.export raises
-    "Constraints violated ... must always be equal ... <= 512"). ``Dim.DYNAMIC`` lets torch.export
-    infer those relations and bounds. This stays here until ``sampan/jit/export.py`` does it itself.
-    """
-    from sampan.jit import export as jit_export
-
-    def dynamic_shapes(specs: list[InputSpec]) -> tuple | None:
-        if not any(s.dynamic_dims for s in specs):
-            return None
-        return (tuple({d: torch.export.Dim.DYNAMIC for d in s.dynamic_dims} or None for s in specs),)
-
-    with _PATCH_LOCK:
-        original = jit_export._dynamic_shapes
-        jit_export._dynamic_shapes = dynamic_shapes
-        try:
-            yield
-        finally:
-            jit_export._dynamic_shapes = original
 
 
 def _describe_dims(directory: Path, meta: dict[str, Any]) -> None:
@@ -145,8 +115,7 @@ def export_model(fn_or_layer: Callable | nn.Module, out_dir: str | os.PathLike[s
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
-        with _related_dynamic_dims():
-            save(fn_or_layer, tmp / MODEL_PREFIX, input_spec=input_spec)
+        save(fn_or_layer, tmp / MODEL_PREFIX, input_spec=input_spec)
         json_path = tmp / f"{MODEL_PREFIX}.json"
         meta = json.loads(json_path.read_text(encoding="utf-8"))
         _describe_dims(tmp, meta)

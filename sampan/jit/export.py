@@ -101,10 +101,19 @@ def _inputs(static: StaticFunction, input_spec: Sequence[InputSpec] | None):
 
 
 def _dynamic_shapes(specs: list[InputSpec]) -> tuple | None:
+    """torch.export's ``dynamic_shapes`` for the specs' ``None`` dimensions.
+
+    Each is ``Dim.DYNAMIC``, not a named ``Dim`` of its own: real models relate their inputs'
+    sizes (``input_ids`` and ``attention_mask`` share batch and sequence; a position table caps
+    the sequence at 512), which independent named Dims cannot express (torch.export raises
+    "Constraints violated ... must always be equal"). ``Dim.DYNAMIC`` lets torch.export infer
+    those equalities and bounds, and still fails if a ``None`` dimension gets specialised to
+    one size. (``sampan.inference`` records the inferred relations in ``inference.json``.)
+    """
     if not any(s.dynamic_dims for s in specs):
         return None
     # One entry for _ExportModule.forward's single parameter (*tensors), holding one per tensor.
-    return (tuple({d: torch.export.Dim(f"{s.name}_dim{d}") for d in s.dynamic_dims} or None for s in specs),)
+    return (tuple({d: torch.export.Dim.DYNAMIC for d in s.dynamic_dims} or None for s in specs),)
 
 
 def _tensor_json(name: str, t: Any) -> dict:
