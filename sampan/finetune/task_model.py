@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 
 from sampan.finetune.adapter import apply_adapters
@@ -149,20 +148,8 @@ def load_task_model(model_dir: str | os.PathLike) -> tuple[torch.nn.Module, Chin
         base = load_base(str(base_dir))
         model, _ = build_task_model(base, task, len(labels), seed=0, max_length=meta.get("max_length", 3))
         apply_method(model, method, _method_args(meta), new_head=[])
-        expected = dict(model.named_parameters())
-        with safe_open(str(model_dir / ADAPTER_WEIGHTS), framework="pt") as f:
-            names = set(f.keys())
-            unknown = sorted(names - set(expected))
-            if unknown:
-                raise ValueError(f"{model_dir / ADAPTER_WEIGHTS} holds tensors the model lacks: {unknown[:8]}")
-            with torch.no_grad():
-                for name in names:
-                    tensor = f.get_tensor(name)
-                    if tensor.shape != expected[name].shape:
-                        raise ValueError(f"{model_dir / ADAPTER_WEIGHTS}: {name} has shape {tuple(tensor.shape)}, "
-                                         f"the model expects {tuple(expected[name].shape)}")
-                    expected[name].copy_(tensor)
-        missing_lora = [n for n in expected if (".lora_" in n or ".adapter." in n) and n not in names]
+        names = load_safetensors(model, model_dir / ADAPTER_WEIGHTS, partial=True)
+        missing_lora = [n for n, _ in model.named_parameters() if (".lora_" in n or ".adapter." in n) and n not in names]
         if missing_lora:
             raise ValueError(f"{model_dir / ADAPTER_WEIGHTS} lacks trained tensors {missing_lora[:8]}")
         merge_lora(model)

@@ -165,21 +165,26 @@ def from_pretrained(directory: str | os.PathLike, device: str | torch.device | N
     return model.eval()
 
 
-def load_safetensors(model: PretrainedModel, path: Path) -> None:
-    """Copy every tensor of ``path`` into ``model``; tied aliases are re-tied, not loaded twice."""
+def load_safetensors(model: torch.nn.Module, path: Path, partial: bool = False) -> set[str]:
+    """Copy every tensor of ``path`` into ``model``; tied aliases are re-tied, not loaded twice.
+
+    The file must hold exactly the model's tensors, or with ``partial=True`` a subset of them (a
+    delta such as a fine-tune's ``adapter.safetensors``). Returns the names loaded.
+    """
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found (save_pretrained writes model.safetensors)")
-    tied = model.tied_weights()
+    tied = model.tied_weights() if hasattr(model, "tied_weights") else set()
     expected = {k: v for k, v in model.state_dict().items() if k not in tied}
     with safe_open(str(path), framework="pt") as f:
         names = set(f.keys())
         missing, unexpected = sorted(set(expected) - names), sorted(names - set(expected))
-        if missing or unexpected:
+        if (missing and not partial) or unexpected:
             raise ValueError(f"{path} does not match the model: missing {missing[:10]}, unexpected {unexpected[:10]}")
         with torch.no_grad():
-            for name in expected:
+            for name in sorted(names):
                 tensor = f.get_tensor(name)
                 if tensor.shape != expected[name].shape:
                     raise ValueError(f"{path}: {name} has shape {tuple(tensor.shape)}, "
                                      f"the model expects {tuple(expected[name].shape)}")
                 expected[name].copy_(tensor)
+    return names
