@@ -7,8 +7,8 @@ Two parts, all fp32 on this CPU, every contender on its own copy of the same mod
   backward, AdamW step). Contenders: eager; ``to_static``; plain ``torch.compile`` of the same
   function (same backend); and for inference the ``jit.save``-d ONNX file in onnxruntime. Before
   timing, each must return eager's outputs (training: the first step's loss). Reported: median
-  step time and speed-up over eager, the first call's time (capture + compile, with a fresh
-  inductor cache), graphs built and graph breaks.
+  step time and speed-up over eager, the first call's time (capture + compile, cold: a fresh
+  inductor cache directory and the compiled-graph cache off), graphs built and graph breaks.
 * ``generation``: greedy GPT decoding with a data-dependent early exit, the program of
   ``examples/jit_export.py``: a ``while cur < total and not finished.all()`` loop around a GPT
   forward (no KV cache, so every iteration has the same shapes), stopping when every row has
@@ -251,6 +251,11 @@ def main(argv: list[str] | None = None) -> dict:
     load_at_start = load_average()
     # A fresh inductor cache, so that the first call's compile time is a cold one.
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="sampan-bench-inductor-")
+    # ... and no compiled-graph cache at all: to_static and plain torch.compile often build the
+    # same graph (the programs part has no tensor control flow), and with the cache on, whichever
+    # compiles second would load the first one's kernels and report a first call of ~2 s.
+    torch._inductor.config.fx_graph_cache = False
+    torch._inductor.config.autotune_local_cache = False
     torch._dynamo.reset()
 
     example = load_example()
