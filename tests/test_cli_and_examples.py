@@ -12,6 +12,7 @@ import pytest
 
 from sampan.cli import main
 from sampan.demo import DemoConfig, run_demo
+from sampan.taskflow.demo import COLLAPSED_COSINE
 from sampan.models import from_pretrained
 from sampan.text import CharVocab
 
@@ -47,6 +48,14 @@ def test_demo_learns_and_saves_a_loadable_model(tmp_path, monkeypatch):
     # Stage 2: the pretrained ERNIE was fine-tuned, exported and answered through the ONNX predictor.
     stage = result["ernie"]["finetune"]
     assert 0.0 <= stage["metrics"]["accuracy"] <= 1.0
+    # A collapsed encoder (one output for every input) also gets the shipped base fine-tuned beside
+    # it, and the better one on dev is served; otherwise the demo's own model is.
+    similarity = result["ernie"]["similarity"]["token_output_cosine"]
+    assert 0.0 < similarity <= 1.0 + 1e-6
+    assert 0.0 <= stage["own_base_metrics"]["accuracy"] <= 1.0
+    shipped = tmp_path / "demo" / "sentiment" / "model-from-shipped-base"
+    assert shipped.is_dir() == (similarity > COLLAPSED_COSINE)
+    assert stage["served"] in (str(tmp_path / "demo" / "sentiment" / "model"), str(shipped))
     assert (tmp_path / "home" / "cache" / "inference").is_dir()
     assert stage["export_dir"].startswith(str(tmp_path / "home"))
     assert [a["text"] for a in stage["answers"]] == ["这家餐厅的服务非常棒", "质量太差了，用了两天就坏"]

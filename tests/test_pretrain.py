@@ -170,3 +170,22 @@ def test_entity_cloze_and_char_accuracy_evaluate_held_out_news(build):
     assert 0.0 <= cloze["entity_accuracy"] <= cloze["entity_token_accuracy"] <= 1.0
     chars = char_mlm_accuracy(model, data, batcher, max_rows=16)
     assert chars["masked_tokens"] > 50 and 0.0 <= chars["char_accuracy"] < 0.2  # an untrained model
+
+
+def test_output_similarity_tells_a_collapsed_encoder_from_a_working_one(build):
+    """A random-init encoder gives different outputs at different tokens; one whose last LayerNorm
+    has zero gain gives its bias everywhere (what the unigram stage of MLM pretraining approaches)."""
+    from sampan.models import create
+    from sampan.pretraining.evaluate import output_similarity
+
+    data = SpanShardDataset(build, "test", ["news"])
+    torch.manual_seed(0)
+    model = create("ernie-tiny", vocab_size=data.manifest["vocab_size"], num_layers=1, hidden_size=64, num_heads=2)
+    batcher = MLMBatcher(KnowledgeMasker(data.manifest["vocab_size"], MASK_ID))
+    working = output_similarity(model, data, batcher, max_rows=16)
+    assert working["tokens"] > 100 and working["token_output_cosine"] < 0.8
+    with torch.no_grad():
+        last_norm = model.ernie.layers[-1].norm2
+        last_norm.weight.zero_()
+        last_norm.bias.uniform_(-1, 1)
+    assert output_similarity(model, data, batcher, max_rows=16)["token_output_cosine"] > 0.999

@@ -67,6 +67,7 @@ def run_ernie_stage(cfg: ErnieStageConfig, log: Callable[[str], None] = print) -
         char_mlm_accuracy,
         entity_cloze_accuracy,
         gold_entity_spans,
+        output_similarity,
         predict_masked,
     )
     from sampan.pretraining.run import pretrain
@@ -87,6 +88,7 @@ def run_ernie_stage(cfg: ErnieStageConfig, log: Callable[[str], None] = print) -
     held_out = SpanShardDataset(data, "test")
     cloze = entity_cloze_accuracy(model, held_out, batcher, max_entities=300)
     chars = char_mlm_accuracy(model, held_out, batcher, max_rows=64)
+    similarity = output_similarity(model, held_out, batcher)
     summary = summarize(run_dir)
     tok = ChineseTokenizer.load(data / "tokenizer.json")
     example = None
@@ -109,4 +111,8 @@ def run_ernie_stage(cfg: ErnieStageConfig, log: Callable[[str], None] = print) -
     if example:
         log(f"ernie: cloze {example['masked']}  ->  predicted {example['predicted']!r}, "
             f"answer {example['answer']!r}")
-    return {"summary": summary, "cloze": cloze, "char": chars, "example": example, **result}
+    log(f"ernie: encoder outputs at different held-out tokens have mean cosine "
+        f"{similarity['token_output_cosine']:.3f} (near 1.0: the same output whatever the input, the unigram "
+        f"stage of pretraining; a random-init ERNIE is near 0.4)")
+    return {"summary": summary, "cloze": cloze, "char": chars, "example": example, "similarity": similarity,
+            **result}
