@@ -123,21 +123,26 @@ def ner(args: argparse.Namespace) -> dict[str, Any]:
 def lora_vs_full(args: argparse.Namespace) -> dict[str, Any]:
     from sampan.finetune import FinetuneConfig, finetune
     from sampan.hub import resolve
+    from sampan.hub.recipes import SentimentSettings
 
     base = resolve("ernie-tiny-zh")
+    shipped = SentimentSettings()
     out: dict[str, Any] = {"steps": args.finetune_steps, "base": "ernie-tiny-zh",
                            "eval_examples": args.finetune_eval_examples}
-    # The recipe's LoRA settings (sampan/hub/recipes.py TaskSettings) vs full fine-tuning at the
-    # LR that suits it; everything else equal.
-    settings = {"lora": {"learning_rate": 2e-3, "lora_rank": 16}, "full": {"learning_rate": 1e-4}}
+    # LoRA at the recipes' LoRA settings (sampan/hub/recipes.py TaskSettings), full fine-tuning at
+    # the LR that suits it, and the shipped sentiment recipe's full fine-tune with frozen embeddings
+    # and first block; everything else equal.
+    settings = {"lora": {"method": "lora", "learning_rate": 2e-3, "lora_rank": 16},
+                "full": {"method": "full", "learning_rate": 1e-4},
+                "full_frozen": {"method": "full", "learning_rate": shipped.learning_rate, "freeze": shipped.freeze}}
     with tempfile.TemporaryDirectory() as tmp:
-        for method, extra in settings.items():
-            cfg = FinetuneConfig(task="sentiment_analysis", model=str(base), method=method, max_steps=args.finetune_steps,
-                                 batch_size=32, seed=0, output_dir=os.path.join(tmp, method), overwrite=True,
+        for arm, extra in settings.items():
+            cfg = FinetuneConfig(task="sentiment_analysis", model=str(base), max_steps=args.finetune_steps,
+                                 batch_size=32, seed=0, output_dir=os.path.join(tmp, arm), overwrite=True,
                                  max_train_examples=args.finetune_examples or None,
                                  max_eval_examples=args.finetune_eval_examples or None, **extra)
             result = finetune(cfg)
-            out[method] = {"test_accuracy": result.metrics["accuracy"], "dev": result.dev_metrics,
+            out[arm] = {"test_accuracy": result.metrics["accuracy"], "dev": result.dev_metrics,
                            "trainable_parameters": result.trainable_parameters,
                            "total_parameters": result.total_parameters, "train_seconds": result.train_seconds,
                            **extra}
@@ -246,9 +251,9 @@ def _print(name: str, r: dict[str, Any]) -> None:
             s, b = r["sampan"].get(kind, {}), r["lac"].get(kind, {})
             print(f"  NER {kind:5s} F1: sampan {s.get('f1', float('nan')):.3f} vs LAC {b.get('f1', float('nan')):.3f}")
     elif name == "lora_vs_full":
-        for method in ("lora", "full"):
-            m = r[method]
-            print(f"  {method:4s}: accuracy {m['test_accuracy']:.1%}, trainable {m['trainable_parameters']:,} "
+        for arm in ("lora", "full", "full_frozen"):
+            m = r[arm]
+            print(f"  {arm:11s}: accuracy {m['test_accuracy']:.1%}, trainable {m['trainable_parameters']:,} "
                   f"of {m['total_parameters']:,}")
     elif name == "int8_vs_fp32":
         print(f"  int8 vs fp32: accuracy {r['int8']['accuracy']:.1%} vs {r['fp32']['accuracy']:.1%}, size "

@@ -2,7 +2,8 @@
 
 A stored model is a directory holding ``config.json`` + ``model.safetensors`` (written by
 ``save_pretrained``; shipped models are fp16 to keep the package small) or, for a task model kept
-as an adapter, ``task.json`` + ``adapter.safetensors`` pointing at its base, plus ``tokenizer.json``
+as a delta over its base (LoRA / adapter weights, or the unfrozen tensors of a full fine-tune),
+``task.json`` + ``adapter.safetensors`` pointing at its base, plus ``tokenizer.json``
 and a ``card.json`` that says what it is, how it was built (the ``sampan hub build`` recipe and
 seed) and what it scored. Lookup order: ``$SAMPAN_HOME/models/NAME`` (what the user built or
 rebuilt) before ``sampan/hub/models/NAME`` (what ships), so a rebuild overrides the shipped copy.
