@@ -113,16 +113,21 @@ def test_concurrent_requests_are_batched_and_split_back():
     assert max(sizes) > 1
 
 
+def _post_echo_concurrently(app, n: int) -> list:
+    """``n`` one-input requests to the ``echo`` task, all in flight at once; their responses."""
+    async def go():
+        async with _client(app) as client:
+            return await asyncio.gather(*[client.post("/v1/tasks/echo", json={"inputs": [f"t{i}"]})
+                                          for i in range(n)])
+
+    return _run(go())
+
+
 def test_max_batch_size_one_runs_each_request_alone():
     task = CountingTask(delay_s=0.01)
     app = create_app(tasks={"echo": task}, limits=ServingConfig(max_batch_size=1, max_wait_ms=50))
 
-    async def go():
-        async with _client(app) as client:
-            return await asyncio.gather(*[client.post("/v1/tasks/echo", json={"inputs": [f"t{i}"]})
-                                          for i in range(6)])
-
-    assert [r.status_code for r in _run(go())] == [200] * 6
+    assert [r.status_code for r in _post_echo_concurrently(app, 6)] == [200] * 6
     assert [len(b) for b in task.batches] == [1] * 6
 
 
@@ -186,12 +191,7 @@ def test_full_queue_is_refused_with_503():
     task = CountingTask(delay_s=0.3)
     app = create_app(tasks={"echo": task}, limits=ServingConfig(max_batch_size=1, max_queue_inputs=2))
 
-    async def go():
-        async with _client(app) as client:
-            return await asyncio.gather(*[client.post("/v1/tasks/echo", json={"inputs": [f"t{i}"]})
-                                          for i in range(6)])
-
-    responses = _run(go())
+    responses = _post_echo_concurrently(app, 6)
     statuses = [r.status_code for r in responses]
     assert statuses.count(200) >= 2 and 503 in statuses, statuses
     assert {_error(r)["code"] for r in responses if r.status_code == 503} == {"overloaded"}

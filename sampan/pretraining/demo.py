@@ -113,6 +113,6 @@ def run_ernie_stage(cfg: ErnieStageConfig, log: Callable[[str], None] = print) -
             f"answer {example['answer']!r}")
     log(f"ernie: encoder outputs at different held-out tokens have mean cosine "
         f"{similarity['token_output_cosine']:.3f} (near 1.0: the same output whatever the input, the unigram "
-        f"stage of pretraining; a random-init ERNIE is near 0.4)")
+        f"stage of pretraining; a random-init ERNIE is far below it)")
     return {"summary": summary, "cloze": cloze, "char": chars, "example": example, "similarity": similarity,
             **result}
