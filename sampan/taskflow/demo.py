@@ -61,8 +61,8 @@ def run_finetune_stage(cfg: FinetuneStageConfig, log: Callable[[str], None] = pr
     result = own = _finetune(cfg, cfg.base, out / "model", log)
     if cfg.reference_base is not None:
         log(f"finetune: that ERNIE is collapsed, so no fine-tuning gets past chance from it; for comparison, "
-            f"the same fine-tuning from the shipped ernie-tiny-zh ({cfg.reference_base}: the same "
-            "pretraining recipe run for 1,200 steps x 32)")
+            f"the same fine-tuning from the stored ernie-tiny-zh ({cfg.reference_base}: the same "
+            "knowledge-masking recipe run at full length; its card.json says how long)")
         reference = _finetune(cfg, cfg.reference_base, out / "model-from-shipped-base", log)
         if reference.dev_metrics["accuracy"] > own.dev_metrics["accuracy"]:
             result = reference
