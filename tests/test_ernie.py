@@ -251,3 +251,21 @@ def test_create_ernie_tiny_by_name():
                                  vocab_size=500, num_labels=5).eval()
     assert isinstance(model, ErnieForSequenceClassification)
     assert model(real_ids(2, 7)).shape == (2, 5)
+
+
+def test_pre_norm_encoder_ends_with_one_layer_norm():
+    post = build(ErnieForMaskedLM)
+    pre = build(ErnieForMaskedLM, pre_norm=True)
+    assert post.ernie.final_norm is None
+    assert pre.num_parameters() == pre.config.num_parameters("masked_lm") == post.num_parameters() + 2 * 64
+    assert all(layer.pre_norm for layer in pre.ernie.layers) and not any(layer.pre_norm for layer in post.ernie.layers)
+    ids = real_ids(2, 7)
+    hidden, _ = pre.ernie(ids)
+    # The output is normalised per token (zero mean, unit variance up to the LayerNorm's affine init).
+    torch.testing.assert_close(hidden.mean(-1), torch.zeros(2, 7), atol=1e-5, rtol=0)
+    loss = pre(ids, labels=ids)
+    loss.backward()
+    assert pre.ernie.final_norm.weight.grad is not None and torch.isfinite(loss)
+    from sampan.models.parallel_plans import pipeline_parts
+
+    assert pipeline_parts(pre).norm is pre.ernie.final_norm and pipeline_parts(post).norm is None

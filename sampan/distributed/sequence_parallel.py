@@ -58,6 +58,8 @@ def sequence_parallel_plan(model: nn.Module) -> dict[str, object]:
             plan[f"{name}.norm" if name else "norm"] = SequenceParallel(use_local_output=True)
             plan[name] = PrepareModuleOutput(output_layouts=Shard(1), desired_output_layouts=Replicate())
         elif isinstance(module, ErnieModel):
+            if module.final_norm is not None:  # pre-norm ERNIE
+                plan[f"{name}.final_norm" if name else "final_norm"] = SequenceParallel(use_local_output=True)
             plan[name] = PrepareModuleOutput(output_layouts=(Shard(1), None), desired_output_layouts=(Replicate(), None))
     if isinstance(model, GPTForCausalLM):
         plan["lm_head"] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)

@@ -91,6 +91,6 @@ def pipeline_parts(model: nn.Module) -> PipelineParts | None:
         return PipelineParts(model.gpt.embeddings, model.gpt.layers, model.gpt.norm, model.lm_head,
                              loss="causal_lm", block_args=(None, True))
     if isinstance(model, ErnieForMaskedLM):
-        return PipelineParts(model.ernie.embeddings, model.ernie.layers, None, model.lm_head,
+        return PipelineParts(model.ernie.embeddings, model.ernie.layers, model.ernie.final_norm, model.lm_head,
                              loss="token", block_args=(None, False))
     return None

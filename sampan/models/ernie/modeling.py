@@ -46,10 +46,12 @@ class ErnieModel(Layer, PretrainedModel):
             TransformerBlock(
                 config.hidden_size, config.num_heads, config.intermediate_size,
                 dropout=config.dropout, attention_dropout=config.attention_dropout,
-                activation=config.activation, layer_norm_eps=config.layer_norm_eps, pre_norm=False,
+                activation=config.activation, layer_norm_eps=config.layer_norm_eps, pre_norm=config.pre_norm,
             )
             for _ in range(config.num_layers)
         )
+        # Pre-norm blocks leave the residual stream unnormalised; one LayerNorm closes it.
+        self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.pre_norm else None
         self.pooler = ErniePooler(config.hidden_size) if add_pooler else None
         init_transformer_weights(self, config.initializer_range)
 
@@ -77,6 +79,8 @@ class ErnieModel(Layer, PretrainedModel):
         mask, _ = build_attention_mask(attention_mask, x.shape[1], x.shape[1], causal=False)
         for layer in self.layers:
             x = layer(x, mask)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
         return x, (self.pooler(x) if self.pooler is not None else None)
 
 
