@@ -25,6 +25,7 @@ from sampan.finetune import (
     read_jsonl,
     span_f1,
     tokenize_for_task,
+    viterbi_bio,
 )
 from sampan.finetune.data import sentence_windows
 from sampan.models import create
@@ -139,6 +140,58 @@ def test_bio_handles_word_pieces_and_missing_b_tags(base_dir):
     ids = [0, NER_LABELS.index("I-PER"), NER_LABELS.index("I-PER"), NER_LABELS.index("I-LOC"), 0, 0]
     assert decode_entities("王小明好", offsets, ids, NER_LABELS) == [
         {"text": "王小", "type": "PER", "start": 0, "end": 2}, {"text": "明", "type": "LOC", "start": 2, "end": 3}]
+
+
+def _bio_valid(path, labels):
+    prev = "O"
+    for tag in (labels[i] for i in path):
+        if tag.startswith("I-") and prev[2:] != tag[2:]:
+            return False
+        prev = tag
+    return True
+
+
+def test_viterbi_bio_finds_the_best_path_the_grammar_allows():
+    import itertools
+
+    import numpy as np
+
+    labels = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
+    rng = np.random.default_rng(0)
+    changed = 0
+    for _ in range(40):
+        scores = rng.normal(size=(4, len(labels))) * 3
+        logp = scores - np.logaddexp.reduce(scores, axis=1, keepdims=True)
+        path = viterbi_bio(scores, labels)
+        assert _bio_valid(path, labels)
+        # Brute force over all 5^4 paths: Viterbi's is the best-scoring valid one.
+        best = max((p for p in itertools.product(range(len(labels)), repeat=4) if _bio_valid(p, labels)),
+                   key=lambda p: logp[np.arange(4), list(p)].sum())
+        assert logp[np.arange(4), path].sum() == pytest.approx(logp[np.arange(4), list(best)].sum())
+        greedy = scores.argmax(-1).tolist()
+        if _bio_valid(greedy, labels):
+            assert path == greedy  # a valid arg-max path is kept as it is
+        changed += path != greedy
+    assert changed > 0  # the random cases did exercise the constraint
+
+
+def test_viterbi_bio_skips_special_tokens_and_checks_its_input():
+    import numpy as np
+
+    labels = ["O", "B-LOC", "I-LOC"]
+    # [CLS] 北 京 [SEP]: arg-max says I-LOC I-LOC (no B-); the special tokens must not break the chain.
+    scores = np.log(np.array([[0.1, 0.1, 0.8], [0.1, 0.4, 0.5], [0.1, 0.2, 0.7], [0.1, 0.1, 0.8]]))
+    path = viterbi_bio(scores, labels, valid=[False, True, True, False])
+    assert [labels[i] for i in path] == ["O", "B-LOC", "I-LOC", "O"]
+    assert decode_entities("北京", [(0, 0), (0, 1), (1, 2), (0, 0)], path, labels) == [
+        {"text": "北京", "type": "LOC", "start": 0, "end": 2}]
+    assert viterbi_bio(scores, labels, valid=[False] * 4) == [0, 0, 0, 0]
+    with pytest.raises(ValueError, match="one column per label"):
+        viterbi_bio(scores[:, :2], labels)
+    with pytest.raises(ValueError, match="not BIO"):
+        viterbi_bio(scores, ["O", "PER", "I-PER"])
+    with pytest.raises(ValueError, match="valid has 3 entries for 4 tokens"):
+        viterbi_bio(scores, labels, valid=[True] * 3)
 
 
 def test_span_f1_on_hand_made_cases():

@@ -104,3 +104,51 @@ def test_gpt_recipe_builds_a_usable_seeded_model(home):
                          check=True, env=env, timeout=600, capture_output=True, text=True)
     row = json.loads(out.stdout.strip().splitlines()[-1])
     assert row["text"] == "话说" and isinstance(row["generated"], str)
+
+
+def test_hub_evaluate_rescores_a_task_model_and_bio_decoding_beats_argmax(home):
+    """``sampan hub evaluate`` re-runs the recipe's test scoring on stored weights; on the shipped NER
+    model, BIO-constrained decoding scores higher span F1 than per-token arg-max on the same logits."""
+    import shutil
+
+    from sampan.finetune import (
+        decode_entities,
+        encode_examples,
+        load_task_data,
+        load_task_model,
+        predict_logits,
+    )
+    from sampan.finetune.encoding import PadCollator
+    from sampan.finetune.metrics import flat_span_metrics, span_f1
+    from sampan.hub.evaluate import evaluate_model, write_metrics
+
+    for name in ("ernie-tiny-zh", "ernie-tiny-ner"):  # a writable copy: the NER delta reads ../ernie-tiny-zh
+        shutil.copytree(SHIPPED_DIR / name, home / "models" / name)
+    metrics = evaluate_model("ernie-tiny-ner", max_examples=200)
+    assert metrics["examples"] == 200 and 0 < metrics["f1"] <= 1
+
+    model, tokenizer, meta = load_task_model(home / "models" / "ernie-tiny-ner")
+    test = load_task_data("ner", max_eval_examples=200).test
+    encoded = encode_examples(tokenizer, test, "ner", meta["labels"], 128)
+    logits, _ = predict_logits(model, encoded, PadCollator())
+    gold = [list(ex.entities) for ex in test]
+    argmax = flat_span_metrics(span_f1(gold, [decode_entities(ex.text, enc.offsets, lg.argmax(-1).tolist(),
+                                                              meta["labels"])
+                                              for ex, enc, lg in zip(test, encoded, logits, strict=True)]))
+    assert metrics["f1"] > argmax["f1"] + 0.05, (metrics["f1"], argmax["f1"])
+
+    card_before = json.loads((home / "models" / "ernie-tiny-ner" / "card.json").read_text(encoding="utf-8"))
+    write_metrics("ernie-tiny-ner", metrics)
+    card = json.loads((home / "models" / "ernie-tiny-ner" / "card.json").read_text(encoding="utf-8"))
+    task = json.loads((home / "models" / "ernie-tiny-ner" / "task.json").read_text(encoding="utf-8"))
+    assert card["metrics"]["test_f1"] == round(metrics["f1"], 6) and card["metrics"]["test_examples"] == 200
+    assert card["metrics"]["trainable_parameters"] == card_before["metrics"]["trainable_parameters"]
+    assert task["metrics"] == metrics
+    assert not list((home / "models" / "ernie-tiny-ner").glob(".*"))  # no temporary file left
+
+    cli = [sys.executable, "-m", "sampan.cli", "hub", "evaluate", "ernie-tiny-ner", "--write", "--max-examples", "5"]
+    bad = subprocess.run(cli, env={**__import__("os").environ, "SAMPAN_HOME": str(home)}, capture_output=True,
+                         text=True, timeout=300)
+    assert bad.returncode == 2 and "whole-split" in bad.stderr
+    with pytest.raises(ValueError, match="hub evaluate scores"):
+        evaluate_model("gpt-zh")

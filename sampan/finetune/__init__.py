@@ -27,7 +27,7 @@ from sampan.finetune.evaluate import evaluate_examples, predict_logits
 from sampan.finetune.lora import LoRALinear, apply_lora, merge_lora
 from sampan.finetune.metrics import accuracy, flat_span_metrics, span_f1
 from sampan.finetune.run import FinetuneResult, finetune
-from sampan.finetune.tags import decode_entities, encode_bio
+from sampan.finetune.tags import decode_entities, encode_bio, viterbi_bio
 from sampan.finetune.task_model import load_task_model, read_task_meta
 
 __all__ = [
@@ -62,4 +62,5 @@ __all__ = [
     "sentence_windows",
     "span_f1",
     "tokenize_for_task",
+    "viterbi_bio",
 ]

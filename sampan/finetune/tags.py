@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 IGNORE = -100
 
 
@@ -70,3 +72,57 @@ def decode_entities(text: str, offsets: Sequence[tuple[int, int]], label_ids: Se
         spans.append(current)
     return [{"text": text[s["start"]:s["end"]], "type": s["type"], "start": s["start"], "end": s["end"]}
             for s in spans]
+
+
+def allowed_transitions(labels: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """BIO's grammar as masks: ``start[j]`` (tag j may open a sentence) and ``follow[i, j]`` (j may follow i).
+
+    ``I-X`` may only follow ``B-X`` or ``I-X``; everything else is free. A label that is neither
+    ``O`` nor ``B-`` / ``I-`` prefixed is an error naming it.
+    """
+    kinds = []
+    for label in labels:
+        prefix, _, kind = label.partition("-")
+        if label != "O" and (prefix not in ("B", "I") or not kind):
+            raise ValueError(f"label {label!r} is not BIO: use 'O', 'B-TYPE' or 'I-TYPE'")
+        kinds.append((prefix if label != "O" else "O", kind))
+    start = np.array([prefix != "I" for prefix, _ in kinds])
+    follow = np.array([[nxt[0] != "I" or (prev[0] in ("B", "I") and prev[1] == nxt[1]) for nxt in kinds]
+                       for prev in kinds])
+    return start, follow
+
+
+def viterbi_bio(scores, labels: Sequence[str], valid: Sequence[bool] | None = None) -> list[int]:
+    """The best tag sequence that obeys BIO, from per-token scores ``[tokens, labels]``.
+
+    Arg-max tagging scores each token alone, so it can emit ``O I-LOC I-LOC`` (a span without its
+    start) or ``B-PER I-LOC`` (a span that changes type); ``decode_entities`` then has to guess.
+    Here the path maximising the summed log-probabilities (a log-softmax is taken over ``scores``,
+    which may be raw logits) among the paths BIO allows is found by Viterbi, so boundaries are
+    decided jointly. ``valid`` marks the tokens that carry tags (False for [CLS] / [SEP] /
+    padding): the grammar runs over the valid tokens only, and the others get ``O``.
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    if scores.ndim != 2 or scores.shape[1] != len(labels):
+        raise ValueError(f"scores must be [tokens, {len(labels)}] (one column per label), got {list(scores.shape)}")
+    keep = np.ones(len(scores), dtype=bool) if valid is None else np.asarray(valid, dtype=bool)
+    if keep.shape != (len(scores),):
+        raise ValueError(f"valid has {keep.shape[0] if keep.ndim else 0} entries for {len(scores)} tokens")
+    out = np.full(len(scores), list(labels).index("O") if "O" in labels else 0, dtype=np.int64)
+    rows = np.flatnonzero(keep)
+    if not len(rows):
+        return out.tolist()
+    start, follow = allowed_transitions(labels)
+    logp = scores[rows] - np.logaddexp.reduce(scores[rows], axis=1, keepdims=True)
+    penalty = np.where(follow, 0.0, -np.inf)  # [prev, next]
+    best = np.where(start, logp[0], -np.inf)
+    back = np.zeros((len(rows), len(labels)), dtype=np.int64)
+    for t in range(1, len(rows)):
+        total = best[:, None] + penalty
+        back[t] = total.argmax(axis=0)
+        best = total[back[t], np.arange(len(labels))] + logp[t]
+    path = [int(best.argmax())]
+    for t in range(len(rows) - 1, 0, -1):
+        path.append(int(back[t, path[-1]]))
+    out[rows] = path[::-1]
+    return out.tolist()

@@ -1,4 +1,4 @@
-"""``sampan hub list|build`` and ``sampan task``: the model store and Taskflow from the shell."""
+"""``sampan hub list|build|evaluate`` and ``sampan task``: the model store and Taskflow from the shell."""
 
 from __future__ import annotations
 
@@ -47,6 +47,19 @@ def _cmd_hub_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_hub_evaluate(args: argparse.Namespace) -> int:
+    from sampan.hub.evaluate import evaluate_model, write_metrics
+
+    if args.write and args.max_examples:
+        print("sampan hub evaluate: --write records whole-split figures; drop --max-examples", file=sys.stderr)
+        return 2
+    metrics = evaluate_model(args.name, args.max_examples)
+    print(json.dumps(metrics, ensure_ascii=False, indent=2))
+    if args.write:
+        print(f"wrote the figures to {write_metrics(args.name, metrics)}", file=sys.stderr)
+    return 0
+
+
 def _cmd_task(args: argparse.Namespace) -> int:
     from sampan.taskflow import Taskflow
 
@@ -83,6 +96,16 @@ def add_parsers(verbs) -> None:
                        help="change a recipe setting (repeatable; see sampan/hub/recipes.py for the fields)")
     build.add_argument("--out", default="", help="store directory (default: $SAMPAN_HOME/models)")
     build.set_defaults(func=_cmd_hub_build)
+    evaluate = actions.add_parser(
+        "evaluate", help="score a stored task model on its held-out test split again",
+        description="Re-run a task model's test evaluation (sentiment accuracy, NER span P / R / F1) on the stored "
+                    "weights, as its recipe does, e.g. after a change to how predictions are decoded.",
+        epilog="example:  sampan hub evaluate ernie-tiny-ner --write")
+    evaluate.add_argument("name", help="a store model name or directory")
+    evaluate.add_argument("--max-examples", type=int, default=0, help="score only this many test examples (0 = all)")
+    evaluate.add_argument("--write", action="store_true",
+                          help="put the figures in the model's card.json and task.json (whole split only)")
+    evaluate.set_defaults(func=_cmd_hub_evaluate)
 
     task = verbs.add_parser("task", help="run a Taskflow task on texts (arguments or stdin lines)",
                             description="Run a task through the inference predictor and print one JSON line per "

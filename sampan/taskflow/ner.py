@@ -49,15 +49,16 @@ class NER(Task):
 
     def _postprocess(self, texts: list[str], inputs: _Windows, outputs: list[np.ndarray]) -> list[dict[str, Any]]:
         from sampan.finetune import decode_entities
+        from sampan.finetune.evaluate import tag_path
 
         entities: list[list[dict[str, Any]]] = [[] for _ in texts]
         k = 0
         for enc, logits in zip(inputs.encoded, outputs, strict=True):
-            label_ids = logits.argmax(axis=-1)
             for row in range(len(enc.lengths)):
                 i, s, _ = inputs.pieces[k]
                 n = enc.lengths[row]
-                for ent in decode_entities(inputs.parts[k], enc.offsets[row][:n], label_ids[row][:n].tolist(),
+                offsets = enc.offsets[row][:n]
+                for ent in decode_entities(inputs.parts[k], offsets, tag_path(logits[row][:n], offsets, self.labels),
                                            self.labels):
                     entities[i].append({"text": ent["text"], "type": ent["type"],
                                         "start": ent["start"] + s, "end": ent["end"] + s})

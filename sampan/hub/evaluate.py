@@ -1,0 +1,77 @@
+"""``sampan hub evaluate NAME``: score a stored task model on its held-out test split again.
+
+A card's figures are measured when the recipe builds the model. When the scoring itself improves
+(NER's BIO-constrained decoding, say) the weights need not be trained again to see what the
+change is worth: this re-runs the recipe's test evaluation on the stored weights and, with
+``write=True``, puts the new figures in ``card.json`` and ``task.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from sampan.hub.store import CARD_NAME, resolve
+
+TASKS = ("sentiment_analysis", "ner")
+
+
+def evaluate_model(name: str, max_examples: int = 0) -> dict[str, Any]:
+    """Test-split metrics of store model ``name`` (a name or a directory), as the recipe computes them.
+
+    ``max_examples`` > 0 scores only that many test examples (a quick look; never written to a card).
+    """
+    from sampan.finetune import load_task_data, load_task_model
+    from sampan.finetune.encoding import PadCollator, encode_examples
+    from sampan.finetune.evaluate import evaluate_examples
+    from sampan.finetune.task_model import FEATURES_FILE
+    from sampan.text.features import CharFeatures
+
+    directory = resolve(name)
+    task = json.loads((directory / CARD_NAME).read_text(encoding="utf-8")).get("task")
+    if task not in TASKS:
+        raise ValueError(f"{directory} is a {task!r} model; hub evaluate scores {list(TASKS)} models")
+    model, tokenizer, meta = load_task_model(directory)
+    if meta.get("data", "builtin") != "builtin":
+        raise ValueError(f"{directory} was fine-tuned on {meta['data']!r}, not the built-in data; "
+                         "score it with `sampan finetune` on that data instead")
+    data = load_task_data(meta["task"], "builtin", meta["max_length"], seed=meta.get("seed", 0),
+                          max_eval_examples=max_examples or None)
+    if list(data.labels) != list(meta["labels"]):
+        raise ValueError(f"{directory}: its labels {meta['labels']} differ from the data's {data.labels}")
+    features = CharFeatures.load(directory / FEATURES_FILE) if meta.get("features") else None
+    collator = PadCollator(features, meta.get("features") or ())
+    encoded = encode_examples(tokenizer, data.test, meta["task"], data.labels, meta["max_length"])
+    return evaluate_examples(model, meta["task"], data.test, encoded, data.labels, collator)
+
+
+def _replace_json(path: Path, data: dict[str, Any]) -> None:
+    """Write ``path`` whole or not at all (a temporary file renamed over it)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(data, ensure_ascii=False, indent=2) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_metrics(name: str, metrics: dict[str, Any]) -> Path:
+    """Put test ``metrics`` (from ``evaluate_model`` on the whole split) into the model's card and task.json."""
+    directory = resolve(name)
+    if not os.access(directory, os.W_OK):
+        raise PermissionError(f"{directory} is read-only: copy the model under $SAMPAN_HOME/models to rescore it")
+    card = json.loads((directory / CARD_NAME).read_text(encoding="utf-8"))
+    flat = {f"test_{k}": (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()
+            if isinstance(v, (int, float))}
+    card["metrics"] = {**{k: v for k, v in card["metrics"].items() if not k.startswith("test_")}, **flat}
+    task_path = directory / "task.json"
+    task = json.loads(task_path.read_text(encoding="utf-8"))
+    task["metrics"] = metrics
+    _replace_json(task_path, task)
+    _replace_json(directory / CARD_NAME, card)
+    return directory
