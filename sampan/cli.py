@@ -178,7 +178,7 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
     config = PretrainConfig(
         model=args.model, data=args.data, masking=args.masking, features=args.features, corpora=args.corpora,
         output_dir=args.output_dir, max_steps=args.steps, batch_size=args.batch_size,
-        learning_rate=args.learning_rate, warmup_steps=args.warmup_steps, mask_prob=args.mask_prob,
+        learning_rate=args.learning_rate, warmup_steps=args.warmup_steps, mask_prob=args.mask_prob, pack=not args.no_pack,
         eval_steps=args.eval_steps, eval_rows=args.eval_rows, save_steps=args.save_steps,
         logging_steps=args.logging_steps, seed=args.seed, resume=args.resume, overwrite=args.overwrite,
         num_workers=args.num_workers, model_overrides=_parse_model_overrides(args.override))
@@ -298,6 +298,9 @@ def _add_data_parsers(verbs) -> None:
     pre.add_argument("--learning-rate", type=float, default=5e-4, help="peak LR, cosine decay (default: 5e-4)")
     pre.add_argument("--warmup-steps", type=int, default=30, help="(default: 30)")
     pre.add_argument("--mask-prob", type=float, default=0.15, help="masking budget per row (default: 0.15)")
+    pre.add_argument("--no-pack", action="store_true",
+                     help="train on the build's rows as they are, one document each and about half padding "
+                          "(default: pack several documents into each row)")
     pre.add_argument("--eval-steps", type=int, default=0, help="steps between evaluations, 0 = at the end only")
     pre.add_argument("--eval-rows", type=int, default=256, help="held-out rows per evaluation, 0 = all (default: 256)")
     pre.add_argument("--save-steps", type=int, default=0, help="steps between checkpoints, 0 = at the end only")

@@ -189,3 +189,37 @@ def test_output_similarity_tells_a_collapsed_encoder_from_a_working_one(build):
         last_norm.weight.zero_()
         last_norm.bias.uniform_(-1, 1)
     assert output_similarity(model, data, batcher, max_rows=16)["token_output_cosine"] > 0.999
+
+
+def test_best_fit_packing_places_every_item_once_and_fills_rows():
+    from sampan.pretraining.packing import best_fit_groups
+
+    sizes = np.random.default_rng(0).integers(5, 120, size=2000)
+    groups = best_fit_groups(sizes, 127)
+    assert sorted(i for g in groups for i in g) == list(range(len(sizes)))
+    assert max(sum(sizes[list(g)]) for g in groups) <= 127
+    # Best fit gets within a few percent of the lower bound on the number of rows.
+    assert len(groups) <= 1.05 * np.ceil(sizes.sum() / 127)
+    assert best_fit_groups(sizes, 127) == groups  # deterministic
+    with pytest.raises(ValueError, match=r"sizes must lie in \[0, 10\]"):
+        best_fit_groups(np.array([3, 11]), 10)
+
+
+def test_packed_rows_hold_every_documents_tokens_once(build):
+    from sampan.pretraining.packing import PackedRows
+
+    base = SpanShardDataset(build, "train")
+    packed = PackedRows(base)
+    assert len(packed) < len(base) and packed.fill > 0.9
+    bodies = []
+    for i in range(len(packed)):
+        ids, flags = packed.row(i)
+        assert ids[0] == CLS_ID and len(ids) == base.seq_len
+        real = int((ids != PAD_ID).sum())
+        assert ids[real - 1] == SEP_ID and (ids[real:] == PAD_ID).all()
+        special = (ids == CLS_ID) | (ids == SEP_ID) | (ids == PAD_ID)
+        assert (((flags & SPECIAL) != 0) == special).all()  # the masker never picks a separator
+        text = ids[1:real]  # body [SEP] body [SEP] ...
+        bodies += [tuple(part) for part in np.split(text, np.flatnonzero(text == SEP_ID)[:-1] + 1)]
+    expected = [tuple(ids[1:int((ids != PAD_ID).sum())]) for ids, _ in map(base.row, range(len(base)))]
+    assert sorted(bodies) == sorted(expected)

@@ -8,6 +8,7 @@ from typing import Any
 
 from sampan.pretraining.batches import MaskedEvalDataset, MLMBatcher
 from sampan.pretraining.config import PretrainConfig
+from sampan.pretraining.packing import PackedRows
 from sampan.pretraining.trainer import PretrainTrainer
 from sampan.text.features import CharFeatures
 from sampan.text.masking import KnowledgeMasker, MaskingConfig
@@ -39,6 +40,9 @@ def pretrain(config: PretrainConfig, callbacks=None) -> tuple[PretrainTrainer, d
 
     train = SpanShardDataset(config.data, "train", list(config.corpora) or None)
     manifest = train.manifest
+    if config.pack:
+        train = PackedRows(train)
+        print(f"packing: {len(train.base)} build rows -> {len(train)} rows, {train.fill:.1%} text")
     features = CharFeatures.load(Path(config.data) / "features.json")
     masker = KnowledgeMasker(manifest["vocab_size"], MASK_ID, MaskingConfig(mask_prob=config.mask_prob),
                              first_random_id=len(SPECIAL_TOKENS))
