@@ -67,6 +67,10 @@ def test_recipe_settings_are_typed_and_checked():
     assert (s.steps, s.learning_rate, s.corpora) == (5, 0.01, "news")
     with pytest.raises(ValueError, match="expected KEY=VALUE with KEY one of"):
         recipes.parse_settings(recipes.GPTSettings, ["stepz=5"])
+    e = recipes.parse_settings(recipes.ErnieSettings, ["pack=false", "pre_norm=1", "dropout=0"])
+    assert (e.pack, e.pre_norm, e.dropout) == (False, True, 0.0)  # not bool("false")
+    with pytest.raises(ValueError, match="pack is true or false"):
+        recipes.parse_settings(recipes.ErnieSettings, ["pack=no"])
     with pytest.raises(ValueError, match="no recipe 'bert'"):
         recipes.build("bert")
 

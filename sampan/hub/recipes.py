@@ -41,6 +41,9 @@ class ErnieSettings(DataSettings):
     batch_size: int = 32
     learning_rate: float = 1e-3
     warmup_steps: int = 100
+    dropout: float = 0.1  # on embeddings, residual branches and attention probabilities
+    pre_norm: bool = False  # ErnieConfig.pre_norm
+    pack: bool = True  # several documents per row (sampan.pretraining.packing)
     seed: int = 0
 
 
@@ -171,7 +174,9 @@ def build_ernie(settings: ErnieSettings, out: Path, log: Callable[[str], None]) 
                          max_steps=settings.steps, batch_size=settings.batch_size,
                          learning_rate=settings.learning_rate, warmup_steps=settings.warmup_steps,
                          eval_steps=max(settings.steps // 4, 1), save_steps=max(settings.steps // 4, 1),
-                         seed=settings.seed, overwrite=True)
+                         seed=settings.seed, overwrite=True, pack=settings.pack,
+                         model_overrides={"dropout": settings.dropout, "attention_dropout": settings.dropout,
+                                          "pre_norm": settings.pre_norm})
     trainer, summary = pretrain(cfg)
     held_out = SpanShardDataset(data, "test")
     model, batcher = trainer.model, trainer.batcher
@@ -304,7 +309,12 @@ def parse_settings(cls: type, pairs: list[str]) -> Any:
         if not sep or key not in fields:
             raise ValueError(f"--set {pair!r}: expected KEY=VALUE with KEY one of {sorted(fields)}")
         kind = type(fields[key].default)
-        values[key] = raw if kind is str else kind(float(raw)) if kind is int else kind(raw)
+        if kind is bool:
+            if raw.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(f"--set {pair!r}: {key} is true or false")
+            values[key] = raw.lower() in ("true", "1")
+        else:
+            values[key] = raw if kind is str else kind(float(raw)) if kind is int else kind(raw)
     return cls(**values)
 
 
