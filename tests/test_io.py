@@ -248,6 +248,43 @@ def test_sharded_ranks_cover_each_global_batch(num_replicas):
     assert sorted(i for s in dropped for batch in s for i in batch) == list(range(n // g * g))
 
 
+def test_group_by_length_batches_similar_lengths_and_resumes():
+    lengths = torch.randint(5, 128, (1000,), generator=torch.Generator().manual_seed(0))
+
+    def waste(batches):  # share of a padded batch that is padding
+        return 1 - sum(int(lengths[b].sum()) for b in batches) / sum(len(b) * int(lengths[b].max()) for b in batches)
+
+    plain = list(ResumableBatchSampler(1000, 32, shuffle=True, seed=1, drop_last=True))
+    grouped = ResumableBatchSampler(1000, 32, shuffle=True, seed=1, drop_last=True, lengths=lengths.tolist())
+    batches = list(grouped)
+    assert waste(plain) > 0.4 and waste(batches) < 0.1, (waste(plain), waste(batches))
+    assert len(batches) == len(plain) and len({i for b in batches for i in b}) == 31 * 32  # no repeats
+    assert batches == list(grouped)  # deterministic
+    # Batches are not in length order: the groups of a window are shuffled.
+    firsts = [int(lengths[b].max()) for b in batches]
+    assert firsts != sorted(firsts, reverse=True)
+    # Resuming at batch 7 of epoch 1 gives exactly the rest of that epoch.
+    grouped.set_epoch(1)
+    epoch1 = list(grouped)
+    grouped.set_epoch(1, 7)
+    assert list(grouped) == epoch1[7:] and epoch1 != batches
+    # Data-parallel ranks split each global batch as without grouping.
+    ranks = [list(ResumableBatchSampler(1000, 16, shuffle=True, seed=1, drop_last=True, num_replicas=2, rank=r,
+                                        lengths=lengths.tolist())) for r in range(2)]
+    assert [a + b for a, b in zip(*ranks, strict=True)] == batches
+    with pytest.raises(ValueError, match="one int per sample"):
+        ResumableBatchSampler(10, 2, lengths=[3] * 9)
+
+
+def test_trainer_group_by_length_needs_lengths(tmp_path):
+    from sampan.trainer import Trainer, TrainingArguments
+
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=2, group_by_length=True,
+                             tensorboard=False)
+    with pytest.raises(ValueError, match="group_by_length needs a train dataset with a `lengths` attribute"):
+        Trainer(torch.nn.Linear(2, 2), args, IndexDataset(8))
+
+
 def test_sampler_argument_errors():
     with pytest.raises(ValueError, match="rank"):
         ResumableBatchSampler(10, 2, num_replicas=2, rank=2)

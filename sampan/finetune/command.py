@@ -16,7 +16,7 @@ def config_from_args(args: argparse.Namespace) -> FinetuneConfig:
         max_steps=args.steps if args.steps is not None else -1, epochs=args.epochs, batch_size=args.batch_size,
         learning_rate=args.learning_rate, lora_rank=args.lora_rank, lora_alpha=args.lora_alpha,
         adapter_size=args.adapter_size, freeze=args.freeze, max_length=args.max_length, max_train_examples=args.max_train_examples,
-        max_eval_examples=args.max_eval_examples, eval_steps=args.eval_steps, save=args.save, seed=args.seed,
+        max_eval_examples=args.max_eval_examples, eval_steps=args.eval_steps, group_by_length=not args.no_group_by_length, save=args.save, seed=args.seed,
         overwrite=args.overwrite)
 
 

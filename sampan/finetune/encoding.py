@@ -65,6 +65,7 @@ class EncodedDataset(torch.utils.data.Dataset):
 
     def __init__(self, items: Sequence[Encoded]):
         self.items = list(items)
+        self.lengths = [len(it.input_ids) for it in self.items]  # for the Trainer's group_by_length
 
     def __len__(self) -> int:
         return len(self.items)

@@ -130,7 +130,7 @@ def finetune(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = None
         per_device_eval_batch_size=cfg.batch_size, learning_rate=cfg.learning_rate, lr_scheduler="linear",
         warmup_steps=int(cfg.warmup * steps), weight_decay=cfg.weight_decay, seed=cfg.seed,
         logging_steps=min(cfg.logging_steps, steps), eval_steps=0, save_steps=0, overwrite_output_dir=True,
-        peak_flops=0, max_grad_norm=1.0)
+        peak_flops=0, max_grad_norm=1.0, group_by_length=cfg.group_by_length)
     metric = SELECTION_METRIC[cfg.task]
     selection = DevSelection(
         lambda: evaluate_examples(model, cfg.task, data.dev, encode["dev"], data.labels, collator),

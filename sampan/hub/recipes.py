@@ -44,6 +44,7 @@ class ErnieSettings(DataSettings):
     dropout: float = 0.1  # on embeddings, residual branches and attention probabilities
     pre_norm: bool = False  # ErnieConfig.pre_norm
     pack: bool = True  # several documents per row (sampan.pretraining.packing)
+    mask_prob: float = 0.15  # the masking budget per row
     seed: int = 0
 
 
@@ -174,7 +175,7 @@ def build_ernie(settings: ErnieSettings, out: Path, log: Callable[[str], None]) 
                          max_steps=settings.steps, batch_size=settings.batch_size,
                          learning_rate=settings.learning_rate, warmup_steps=settings.warmup_steps,
                          eval_steps=max(settings.steps // 4, 1), save_steps=max(settings.steps // 4, 1),
-                         seed=settings.seed, overwrite=True, pack=settings.pack,
+                         seed=settings.seed, overwrite=True, pack=settings.pack, mask_prob=settings.mask_prob,
                          model_overrides={"dropout": settings.dropout, "attention_dropout": settings.dropout,
                                           "pre_norm": settings.pre_norm})
     trainer, summary = pretrain(cfg)

@@ -82,6 +82,8 @@ class DataLoader:
         persistent_workers: keep workers alive across epochs. Their RNGs are seeded once, from
             the epoch in which they started, and then run on.
         worker_init_fn: called in each worker with its id, after sampan seeds the worker.
+        lengths: per-sample lengths: batch samples of similar length together
+            (:func:`sampan.io.sampler.group_by_length`), which cuts padding for variable-length text.
 
     Attributes:
         wait_seconds: cumulative seconds the consumer spent blocked getting batches (in
@@ -108,6 +110,7 @@ class DataLoader:
         pin_memory: bool = False,
         persistent_workers: bool = False,
         worker_init_fn: Callable[[int], None] | None = None,
+        lengths: Any = None,
     ) -> None:
         if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
             raise TypeError(
@@ -129,6 +132,7 @@ class DataLoader:
             seed=seed,
             num_replicas=num_replicas,
             rank=rank,
+            lengths=lengths,
         )
         self.num_workers = num_workers
         self.wait_seconds = 0.0

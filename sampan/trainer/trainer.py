@@ -134,11 +134,17 @@ class Trainer:
             raise ValueError(f"train_dataset has {len(train_dataset)} samples, fewer than one batch of "
                              f"{args.per_device_train_batch_size} x {data_world} data-parallel ranks; lower "
                              "per_device_train_batch_size")
+        lengths = None
+        if args.group_by_length:
+            lengths = getattr(train_dataset, "lengths", None)
+            if lengths is None:
+                raise ValueError(f"group_by_length needs a train dataset with a `lengths` attribute (one int per "
+                                 f"sample); {type(train_dataset).__name__} has none: add it, or turn grouping off")
         self.train_loader = DataLoader(
             train_dataset, batch_size=args.per_device_train_batch_size, shuffle=True, drop_last=True,
             collate_fn=data_collator, num_workers=args.dataloader_num_workers,
             prefetch_factor=args.prefetch_factor, seed=args.seed, num_replicas=data_world,
-            rank=self.fleet.data_rank if self.fleet is not None else 0,
+            rank=self.fleet.data_rank if self.fleet is not None else 0, lengths=lengths,
         )
         self.max_steps = args.max_steps if args.max_steps > 0 else max(1, math.ceil(
             args.num_train_epochs * len(self.train_loader) / args.gradient_accumulation_steps))
