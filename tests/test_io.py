@@ -274,6 +274,10 @@ def test_group_by_length_batches_similar_lengths_and_resumes():
     assert [a + b for a, b in zip(*ranks, strict=True)] == batches
     with pytest.raises(ValueError, match="one int per sample"):
         ResumableBatchSampler(10, 2, lengths=[3] * 9)
+    # A checkpoint of a grouped loader does not resume an ungrouped one (the orders differ).
+    state = DataLoader(IndexDataset(10), batch_size=2, shuffle=True, lengths=list(range(10))).state_dict()
+    with pytest.raises(ValueError, match="group_by_length differs"):
+        DataLoader(IndexDataset(10), batch_size=2, shuffle=True).load_state_dict(state)
 
 
 def test_trainer_group_by_length_needs_lengths(tmp_path):

@@ -221,6 +221,7 @@ class DataLoader:
             "num_replicas": s.num_replicas,
             "shuffle": s.shuffle,
             "drop_last": s.drop_last,
+            "group_by_length": s.lengths is not None,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -259,11 +260,12 @@ class DataLoader:
                 f"this loader has batch_size={s.batch_size} x num_replicas={s.num_replicas} = "
                 f"{s.global_batch_size}"
             )
-        for key in ("shuffle", "drop_last"):  # optional: absent in hand-written states
-            if key in state_dict and bool(state_dict[key]) != getattr(s, key):
+        mine = {"shuffle": s.shuffle, "drop_last": s.drop_last, "group_by_length": s.lengths is not None}
+        for key in mine:  # optional: absent in hand-written states
+            if key in state_dict and bool(state_dict[key]) != mine[key]:
                 raise ValueError(
                     f"{key} differs: the state was saved with {key}={state_dict[key]}, "
-                    f"this loader has {key}={getattr(s, key)}"
+                    f"this loader has {key}={mine[key]}"
                 )
         self._set_position(state_dict["epoch"], state_dict["batch_index"])
 
