@@ -41,7 +41,9 @@ class ErnieSettings(DataSettings):
     batch_size: int = 32
     learning_rate: float = 1e-3
     warmup_steps: int = 100
-    dropout: float = 0.1  # on embeddings, residual branches and attention probabilities
+    # No dropout: the run sees each row about 1.5 times, too few to overfit, and dropout slows
+    # the short run down (held-out MLM loss at step 300: 6.25 without, 6.32 with).
+    dropout: float = 0.0
     pre_norm: bool = False  # ErnieConfig.pre_norm
     pack: bool = True  # several documents per row (sampan.pretraining.packing)
     mask_prob: float = 0.15  # the masking budget per row
