@@ -21,15 +21,15 @@ from sampan.text.tokenizer import PAD_ID
 class PackedRows(Dataset):
     """The rows of ``base`` packed into rows of ``base.seq_len`` by ``best_fit_groups``.
 
-    Each base row is ``[CLS] body [SEP] [PAD]...``; a packed row keeps the first row's ``[CLS]``
-    and appends each next row's ``body [SEP]`` while it fits. Items have the base's layout
+    Each base row is ``[CLS] body [SEP] [PAD]...``; a packed row keeps its first row's ``[CLS]``
+    and appends the other rows' ``body [SEP]``. Items have the base's layout
     (``input_ids`` and ``span_flags``, unmasked), so the masker treats the inner ``[SEP]`` tokens
     as the special tokens they are.
     """
 
     def __init__(self, base: SpanShardDataset):
         self.base, self.seq_len = base, base.seq_len
-        lengths = np.concatenate([(tokens != PAD_ID).sum(axis=1) for tokens, _ in base._open()])
+        lengths = base.row_lengths()
         self.groups = best_fit_groups(lengths - 1, self.seq_len - 1)  # sizes without [CLS]; one [CLS] per row
         self.fill = float(lengths.sum() - (len(lengths) - len(self.groups))) / max(len(self.groups) * self.seq_len, 1)
 

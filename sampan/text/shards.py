@@ -11,6 +11,7 @@ import torch
 
 from sampan.io import Dataset
 from sampan.text.build import load_manifest
+from sampan.text.tokenizer import PAD_ID
 
 
 class SpanShardDataset(Dataset):
@@ -58,6 +59,10 @@ class SpanShardDataset(Dataset):
 
     def __len__(self) -> int:
         return int(self._offsets[-1])
+
+    def row_lengths(self) -> np.ndarray:
+        """Tokens before the padding of every row (``[CLS]`` and ``[SEP]`` included), in row order."""
+        return np.concatenate([(tokens != PAD_ID).sum(axis=1) for tokens, _ in self._open()])
 
     def row(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         """``(token ids, span flags)`` of row ``index`` as numpy arrays."""
