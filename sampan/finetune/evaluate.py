@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from sampan.finetune.data import TaskExample
 from sampan.finetune.encoding import Encoded, PadCollator
 from sampan.finetune.metrics import accuracy, flat_span_metrics, span_f1
-from sampan.finetune.tags import IGNORE, decode_entities, viterbi_bio
+from sampan.finetune.tags import IGNORE, decode_entities, tag_path
 
 
 @torch.no_grad()
@@ -62,11 +62,6 @@ def score(task: str, examples: Sequence[TaskExample], encoded: Sequence[Encoded]
     pred_spans = [decode_entities(ex.text, enc.offsets, tag_path(lg.numpy(), enc.offsets, labels), labels)
                   for ex, enc, lg in zip(examples, encoded, logits, strict=True)]
     return {**flat_span_metrics(span_f1(gold_spans, pred_spans)), "examples": len(examples)}
-
-
-def tag_path(logits, offsets, labels: Sequence[str]) -> list[int]:
-    """Tag ids for one example's token ``logits``: the best BIO-valid path over its real tokens."""
-    return viterbi_bio(logits, labels, [end > start for start, end in offsets])
 
 
 def evaluate_examples(model: torch.nn.Module, task: str, examples: Sequence[TaskExample],

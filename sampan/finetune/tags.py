@@ -126,3 +126,9 @@ def viterbi_bio(scores, labels: Sequence[str], valid: Sequence[bool] | None = No
         path.append(int(back[t, path[-1]]))
     out[rows] = path[::-1]
     return out.tolist()
+
+
+def tag_path(logits, offsets: Sequence[tuple[int, int]], labels: Sequence[str]) -> list[int]:
+    """Tag ids for one example's token ``logits``: the best BIO-valid path over its real tokens
+    (those with a non-empty character offset)."""
+    return viterbi_bio(logits, labels, [end > start for start, end in offsets])

@@ -48,8 +48,7 @@ class NER(Task):
                 for enc in inputs.encoded]
 
     def _postprocess(self, texts: list[str], inputs: _Windows, outputs: list[np.ndarray]) -> list[dict[str, Any]]:
-        from sampan.finetune import decode_entities
-        from sampan.finetune.evaluate import tag_path
+        from sampan.finetune.tags import decode_entities, tag_path
 
         entities: list[list[dict[str, Any]]] = [[] for _ in texts]
         k = 0
