@@ -82,9 +82,10 @@ def _method_args(meta: dict[str, Any]) -> dict[str, Any]:
     return dict(meta.get("method_args", {}))
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
+def write_json(path: Path, data: dict[str, Any], sort_keys: bool = True) -> None:
+    """Write ``path`` whole or not at all (a temporary file renamed over it)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False, sort_keys=True) + "\n", encoding="utf-8")
+    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False, sort_keys=sort_keys) + "\n", encoding="utf-8")
     os.replace(tmp, path)
 
 
@@ -111,7 +112,7 @@ def save_task_model(model: torch.nn.Module, out: Path, meta: dict[str, Any], bas
     base.tokenizer.save(out / TOKENIZER_FILE)
     if base.feature_names:
         shutil.copyfile(base.directory / FEATURES_FILE, out / FEATURES_FILE)
-    _write_json(out / TASK_FILE, meta)
+    write_json(out / TASK_FILE, meta)
 
 
 def read_task_meta(model_dir: str | os.PathLike) -> dict[str, Any]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -48,20 +47,10 @@ def evaluate_model(name: str, max_examples: int = 0) -> dict[str, Any]:
     return evaluate_examples(model, meta["task"], data.test, encoded, data.labels, collator)
 
 
-def _replace_json(path: Path, data: dict[str, Any]) -> None:
-    """Write ``path`` whole or not at all (a temporary file renamed over it)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(json.dumps(data, ensure_ascii=False, indent=2) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_metrics(name: str, metrics: dict[str, Any]) -> Path:
     """Put test ``metrics`` (from ``evaluate_model`` on the whole split) into the model's card and task.json."""
+    from sampan.finetune.task_model import write_json
+
     directory = resolve(name)
     if not os.access(directory, os.W_OK):
         raise PermissionError(f"{directory} is read-only: copy the model under $SAMPAN_HOME/models to rescore it")
@@ -72,6 +61,6 @@ def write_metrics(name: str, metrics: dict[str, Any]) -> Path:
     task_path = directory / "task.json"
     task = json.loads(task_path.read_text(encoding="utf-8"))
     task["metrics"] = metrics
-    _replace_json(task_path, task)
-    _replace_json(directory / CARD_NAME, card)
+    write_json(task_path, task)  # as the fine-tune wrote it (sorted keys)
+    write_json(directory / CARD_NAME, card, sort_keys=False)  # as the recipe wrote it
     return directory
