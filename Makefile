@@ -29,7 +29,7 @@ $(DEV_STAMP): $(STAMP)
 	touch $(DEV_STAMP)
 
 test: setup-dev
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 	$(BIN)/ruff check .
 
 lint: setup-dev
@@ -45,6 +45,7 @@ bench: setup-dev
 	$(BIN)/python benchmarks/hybrid_parallel.py
 	$(BIN)/python benchmarks/to_static.py
 	$(BIN)/python benchmarks/tasks.py
+	$(BIN)/python benchmarks/batching.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -272,6 +272,18 @@ class Trainer:
             else:
                 path.unlink()
 
+    def _raise_measured_peak(self, achieved: float) -> None:
+        """Training just ran faster than the GEMM timed at start: that timing was slowed (other
+        processes on the same cores, a CPU still clocking up), so the peak is at least what training
+        reached. Raising it keeps MFU a fraction instead of a figure over 100%."""
+        if self.is_main and not getattr(self, "_warned_low_peak", False):
+            self._warned_low_peak = True
+            warnings.warn(f"MFU: training reached {achieved / 1e9:.1f} GFLOP/s, above the {self._peak_flops / 1e9:.1f} "
+                          "GFLOP/s peak measured at start (a matmul timed while other work shared the cores); "
+                          "the peak is raised to the rate reached. Pass TrainingArguments(peak_flops=...) with "
+                          "your hardware's real peak for a stable MFU", RuntimeWarning, stacklevel=3)
+        self._peak_flops = achieved
+
     @staticmethod
     def _warn_if_bf16_is_emulated() -> None:
         # CPUs without AVX512-BF16 / AMX run bf16 matmuls through a slow emulation (measured here:
@@ -446,7 +458,10 @@ class Trainer:
             "eta_sec": remaining * seconds / len(window["loss"]),
         }
         if self._peak_flops:
-            metrics["mfu"] = window["flops"] / seconds / self._peak_flops
+            achieved = window["flops"] / seconds
+            if achieved > self._peak_flops and self.args.peak_flops is None:
+                self._raise_measured_peak(achieved)
+            metrics["mfu"] = achieved / self._peak_flops
         if self.scaler.is_enabled():
             metrics["loss_scale"] = self.scaler.get_scale()
         for cb in self.callbacks:
