@@ -100,3 +100,20 @@ def test_to_static_quick(tmp_path):
         assert row["graphs"]["to_static"] >= 1 and row["graph_breaks"]["to_static"] == 0, name
         assert row["graphs"]["torch.compile"] >= 1 and set(row["first_call_s"]) == {"to_static", "torch.compile"}
         assert (row["onnx_export"] is not None) == ("inference" in name)
+
+
+@pytest.mark.timeout(300)
+def test_batching_quick_measures_padding_and_packing(tmp_path):
+    out = tmp_path / "batching.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "batching.py"), "--quick", "--out", str(out)],
+                   check=True, capture_output=True, text=True, timeout=280)
+    result = json.loads(out.read_text())
+    for task in ("sentiment_analysis", "ner"):
+        row = result["finetune"][task]
+        # Grouping by length leaves far less padding than random batches of the same epoch.
+        assert row["grouped"]["padding_share"] < row["random"]["padding_share"] / 2, row
+        assert row["grouped"]["batches"] == row["random"]["batches"] > 0
+        assert row["random"]["real_tokens_per_s"] > 0 and row["speedup_real_tokens_per_s"] > 0
+    packed = result["packing"]
+    assert packed["packed"]["rows"] < packed["unpacked"]["rows"]
+    assert packed["packed"]["text_share"] > packed["unpacked"]["text_share"]
