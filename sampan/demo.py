@@ -39,8 +39,9 @@ class DemoConfig:
         prompt: text that generation continues.
         max_new_tokens: characters to generate.
         out_dir: run directory (checkpoints, metrics, TensorBoard, report.png, final model).
-        ernie_steps: steps of the ERNIE knowledge-masking stage that runs first; -1 = half of
-            ``steps``, 0 = skip the stage.
+        ernie_steps: steps of the ERNIE knowledge-masking stage that runs first; -1 = twice
+            ``steps`` (600 steps are what take it past the unigram plateau, where every input gets
+            the same output and fine-tuning stays at chance), 0 = skip the stage.
         ernie_docs: People's Daily documents to build for that stage; -1 = 2000 at 300 ``steps``,
             fewer for shorter demos (2000 x (steps / 300)^2, at least 20).
         finetune_steps: steps of the stage that fine-tunes that ERNIE on review sentiment,
@@ -77,7 +78,7 @@ class DemoConfig:
         """The ERNIE stage's settings, or None when it is skipped."""
         from sampan.pretraining.demo import ErnieStageConfig
 
-        steps = self.steps // 2 if self.ernie_steps == -1 else self.ernie_steps
+        steps = 2 * self.steps if self.ernie_steps == -1 else self.ernie_steps
         if steps <= 0:
             return None
         # 2000 documents for the full 300-step demo; a short demo (a test) builds a small slice
