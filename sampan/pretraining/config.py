@@ -28,7 +28,7 @@ class PretrainConfig:
         warmup_steps: warmup length.
         mask_prob: the masking budget (fraction of tokens per row).
         pack: join short rows of the build into full ones (``sampan.pretraining.packing``): about
-            twice the text per step at the same cost, since the build's rows are half padding.
+            1.8x the text per step at the same cost (the store's build is 45% padding).
         eval_steps: steps between held-out evaluations (0: only at the end).
         eval_rows: held-out rows evaluated (fixed char-level masking), 0 = all.
         save_steps: steps between checkpoints (0: only at the end).
