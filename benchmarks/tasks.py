@@ -44,7 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sentiment-examples", type=int, default=None, help="test reviews scored (0 = all)")
     parser.add_argument("--ner-sentences", type=int, default=None, help="test sentences scored (0 = all)")
     parser.add_argument("--finetune-steps", type=int, default=None,
-                        help="steps of each LoRA / full fine-tune in the comparison (default: the sentiment recipe's 250)")
+                        help="steps of each LoRA / full fine-tune in the comparison (default: 250)")
     parser.add_argument("--finetune-examples", type=int, default=None, help="training examples (0 = all)")
     parser.add_argument("--finetune-eval-examples", type=int, default=None,
                         help="dev and test reviews each fine-tune of the comparison is scored on (0 = all)")

@@ -88,10 +88,15 @@ class SentimentSettings(TaskSettings):
 
 @dataclasses.dataclass
 class NERSettings(TaskSettings):
-    """People's Daily PER / LOC / ORG: about 1.2 epochs of the 40K training sentence windows."""
+    """People's Daily PER / LOC / ORG: three epochs of the 40K training sentence windows.
+
+    Three epochs instead of 1.2 lifted test span F1 0.620 -> 0.731 (dev 0.714); at batch 16 and
+    twice the learning rate over the same three epochs, dev F1 was 0.669. Freeing the word
+    embeddings as well (1.2 epochs) gave +0.028 F1 but 3 MB more store than the budget has.
+    """
 
     method: str = "full"
-    steps: int = 1500
+    steps: int = 3750
     learning_rate: float = 5e-4
     freeze: str = FROZEN_EMBEDDINGS
 
