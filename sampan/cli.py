@@ -9,12 +9,37 @@ import sys
 from collections.abc import Sequence
 
 
+def _field_docs(cls) -> dict[str, str]:
+    """``name: text`` entries of a dataclass docstring's ``Fields:`` section, continuation lines
+    joined, so ``--help`` says what each flag does with the words the docstring already has."""
+    docs: dict[str, str] = {}
+    lines = (cls.__doc__ or "").splitlines()
+    start = next((i + 1 for i, line in enumerate(lines) if line.strip() == "Fields:"), len(lines))
+    name, indent = None, None
+    for line in lines[start:]:
+        if not line.strip():
+            continue
+        depth = len(line) - len(line.lstrip())
+        head, sep, text = line.strip().partition(":")
+        if sep and head.isidentifier() and (indent is None or depth == indent):
+            name, indent = head, depth
+            docs[name] = text.strip()
+        elif name is not None and depth > indent:
+            docs[name] += " " + line.strip()
+        else:
+            break
+    return docs
+
+
 def _add_dataclass_args(parser: argparse.ArgumentParser, cls) -> None:
-    """One ``--flag`` per dataclass field, typed and defaulted from the field."""
+    """One ``--flag`` per dataclass field, typed and defaulted from the field, explained by the
+    class docstring's ``Fields:`` entry."""
+    docs = _field_docs(cls)
     for field in dataclasses.fields(cls):
         flag = "--" + field.name.replace("_", "-")
+        text = docs.get(field.name, "").replace("%", "%%")  # argparse formats help with %
         parser.add_argument(flag, type=type(field.default), default=field.default,
-                            help=f"(default: {field.default!r})")
+                            help=f"{text} (default: {field.default!r})".strip())
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import runpy
 import subprocess
@@ -26,6 +27,18 @@ def test_help_lists_verbs_and_is_fast_to_import():
     demo_help = subprocess.run([sys.executable, "-m", "sampan.cli", "demo", "--help"], capture_output=True,
                                text=True, check=True).stdout
     assert "--steps" in demo_help and "--learning-rate" in demo_help
+    assert "knowledge-masking stage" in demo_help  # per-flag text from DemoConfig's docstring
+
+
+def test_demo_flags_are_explained_by_the_config_docstring():
+    from sampan.cli import _field_docs
+
+    docs = _field_docs(DemoConfig)
+    # Every flag gets its docstring entry, continuation lines joined, and no entry runs into the next.
+    assert set(docs) == {f.name for f in dataclasses.fields(DemoConfig)}
+    assert docs["ernie_steps"].startswith("steps of the ERNIE knowledge-masking stage")
+    assert docs["ernie_steps"].endswith("0 = skip the stage.") and "ernie_docs" not in docs["ernie_steps"]
+    assert docs["learning_rate"] == "peak LR (linear warmup, then cosine decay to 10%)."
 
 
 def test_models_json_lists_the_zoo(capsys):
