@@ -253,6 +253,10 @@ def _add_finetune_parser(verbs) -> None:
     ft.add_argument("--lora-rank", type=int, default=8, help="(default: 8)")
     ft.add_argument("--lora-alpha", type=float, default=16.0, help="(default: 16)")
     ft.add_argument("--adapter-size", type=int, default=64, help="adapter bottleneck width (default: 64)")
+    ft.add_argument("--embedding-lora-rank", type=int, default=0, metavar="R",
+                    help="a trainable rank-R update of the word-embedding table, for any method; with --method full "
+                         "freeze ernie.embeddings.word_embeddings (default: 0, none)")
+    ft.add_argument("--embedding-lora-alpha", type=float, default=8.0, help="its scale numerator, alpha / R (default: 8)")
     ft.add_argument("--freeze", default="", metavar="PREFIX[,PREFIX...]",
                     help="parameter-name prefixes kept at the base's values, e.g. ernie.embeddings.word_embeddings; "
                          "with --method full --save adapter only the weights that trained are written")

@@ -12,8 +12,10 @@ import torch
 
 from sampan.finetune import (
     FinetuneConfig,
+    LoRAEmbedding,
     LoRALinear,
     apply_adapters,
+    apply_embedding_lora,
     apply_lora,
     bio_labels,
     decode_entities,
@@ -66,6 +68,8 @@ def runs(base_dir, tmp_path_factory):
         "adapter-adapter-layout": dict(method="adapter", learning_rate=3e-3, save="adapter"),
         "full-frozen-embeddings": dict(method="full", learning_rate=1e-3, save="adapter",
                                        freeze=("ernie.embeddings.word_embeddings",)),
+        "full-embedding-lora": dict(method="full", learning_rate=1e-3, save="adapter", embedding_lora_rank=4,
+                                    freeze=("ernie.embeddings.word_embeddings",)),
     }
     return {name: finetune(FinetuneConfig(task="ner", model=str(base_dir), output_dir=str(root / name), **FAST, **spec))
             for name, spec in specs.items()}
@@ -340,6 +344,52 @@ def test_full_finetune_with_frozen_embeddings_saves_only_what_trained(runs, base
     moved = "ernie.layers.0.attn.q_proj.weight"
     assert not torch.allclose(params[moved], base[moved])
     assert meta["freeze"] == ["ernie.embeddings.word_embeddings"] and meta["method"] == "full"
+
+
+def test_embedding_lora_starts_as_the_table_trains_only_looked_up_rows_and_merges_exactly():
+    model = _tiny_classifier()
+    ids = torch.randint(5, 50, (3, 12))
+    before = model(ids)
+    table = model.ernie.embeddings.word_embeddings.weight.detach().clone()
+    assert apply_embedding_lora(model, rank=4, alpha=8) == "ernie.embeddings.word_embeddings"
+    lora = model.ernie.embeddings.word_embeddings
+    assert isinstance(lora, LoRAEmbedding) and lora.lora_A.shape == (50, 4) and lora.lora_B.shape == (HIDDEN, 4)
+    assert torch.equal(model(ids), before)  # A starts at zero
+    model(ids).sum().backward()
+    unused = sorted(set(range(50)) - set(ids.flatten().tolist()))
+    assert lora.lora_A.grad[unused].abs().max() == 0 and lora.lora_A.grad.abs().max() > 0
+    with torch.no_grad():
+        torch.nn.init.normal_(lora.lora_A, std=0.5)
+    adapted = model(ids)
+    assert (adapted - before).abs().max() > 1e-2
+    assert merge_lora(model) == 1
+    merged = model.ernie.embeddings.word_embeddings
+    assert type(merged) is torch.nn.Embedding and not torch.equal(merged.weight, table)
+    assert set(model.state_dict()) == set(_tiny_classifier().state_dict())
+    assert torch.allclose(model(ids), adapted, atol=1e-5)
+    with pytest.raises(ValueError, match="not an nn.Embedding"):
+        apply_embedding_lora(model, rank=4, alpha=8, target="ernie.layers.0.attn.q_proj")
+
+
+def test_full_finetune_with_embedding_lora_saves_the_update_not_the_table(runs, base_dir):
+    from safetensors.torch import load_file
+
+    result, frozen = runs["full-embedding-lora"], runs["full-frozen-embeddings"]
+    word = "ernie.embeddings.word_embeddings"
+    saved = load_file(str(result.output_dir / "adapter.safetensors"))
+    assert f"{word}.weight" not in saved and {f"{word}.lora_A", f"{word}.lora_B"} <= set(saved)
+    vocab = load_file(str(base_dir / "model.safetensors"))[f"{word}.weight"].shape[0]
+    assert result.trainable_parameters == frozen.trainable_parameters + 4 * (vocab + HIDDEN)
+    assert result.dev_metrics["loss"] < 0.9 * result.initial_dev_metrics["loss"]
+    model, _, meta = load_task_model(result.output_dir)
+    assert meta["method_args"] == {"embedding_lora_rank": 4, "embedding_lora_alpha": 8.0}
+    table = dict(model.named_parameters())[f"{word}.weight"]
+    assert type(model.ernie.embeddings.word_embeddings) is torch.nn.Embedding  # merged on load
+    expected = load_file(str(base_dir / "model.safetensors"))[f"{word}.weight"] + (
+        saved[f"{word}.lora_A"] @ saved[f"{word}.lora_B"].T) * (8.0 / 4)
+    assert torch.allclose(table, expected, atol=1e-6)
+    with pytest.raises(ValueError, match="trains whole under method='full'"):
+        FinetuneConfig(task="ner", model=str(base_dir), embedding_lora_rank=4)
 
 
 def test_freeze_prefix_that_names_nothing_is_an_error(base_dir, tmp_path):

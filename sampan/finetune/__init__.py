@@ -24,7 +24,7 @@ from sampan.finetune.data import (
 )
 from sampan.finetune.encoding import Encoded, PadCollator, encode_examples, tokenize_for_task
 from sampan.finetune.evaluate import evaluate_examples, predict_logits
-from sampan.finetune.lora import LoRALinear, apply_lora, merge_lora
+from sampan.finetune.lora import LoRAEmbedding, LoRALinear, apply_embedding_lora, apply_lora, merge_lora
 from sampan.finetune.metrics import accuracy, flat_span_metrics, span_f1
 from sampan.finetune.run import FinetuneResult, finetune
 from sampan.finetune.tags import decode_entities, encode_bio, viterbi_bio
@@ -37,6 +37,7 @@ __all__ = [
     "AdaptedLinear",
     "BottleneckAdapter",
     "Encoded",
+    "LoRAEmbedding",
     "LoRALinear",
     "FinetuneConfig",
     "FinetuneResult",
@@ -45,6 +46,7 @@ __all__ = [
     "TaskExample",
     "accuracy",
     "apply_adapters",
+    "apply_embedding_lora",
     "apply_lora",
     "bio_labels",
     "decode_entities",

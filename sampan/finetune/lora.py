@@ -64,6 +64,52 @@ class LoRALinear(nn.Linear):
         return f"{super().extra_repr()}, rank={self.rank}, alpha={self.alpha}"
 
 
+class LoRAEmbedding(nn.Embedding):
+    """``E[ids] + A[ids] B^T * alpha / r``: a frozen embedding table plus a trainable rank-r update.
+
+    Why: a full fine-tune that keeps the 6000 x 256 table frozen (so the task model stores as a small
+    delta over its base) cannot give a character a new meaning; a rank-r update can, for
+    ``r * (num_embeddings + dim)`` parameters instead of ``num_embeddings * dim``. As in peft,
+    ``A`` starts at zero and ``B`` at N(0, 1), so the layer starts as the base table and the first
+    steps move ``A``, each character's own coordinates; ``A`` is stored (num_embeddings x r), a
+    row per token, so the lookup reads a contiguous table.
+    """
+
+    def __init__(self, base: nn.Embedding, rank: int, alpha: float):
+        nn.Module.__init__(self)  # not nn.Embedding.__init__: the table is the base layer's own
+        if rank <= 0:
+            raise ValueError(f"LoRA rank must be > 0, got {rank}")
+        self.num_embeddings, self.embedding_dim = base.num_embeddings, base.embedding_dim
+        self.padding_idx, self.max_norm, self.norm_type = base.padding_idx, base.max_norm, base.norm_type
+        self.scale_grad_by_freq, self.sparse = base.scale_grad_by_freq, base.sparse
+        self.weight = base.weight
+        factory = {"device": base.weight.device, "dtype": base.weight.dtype}
+        self.lora_A = nn.Parameter(torch.zeros(self.num_embeddings, rank, **factory))
+        self.lora_B = nn.Parameter(torch.randn(self.embedding_dim, rank, **factory))
+        self.rank, self.alpha = rank, alpha
+        self.scaling = alpha / rank
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = F.embedding(ids, self.lora_A, self.padding_idx)  # (..., r): only the looked-up rows get gradients
+        return F.embedding(ids, self.weight, self.padding_idx) + (rows @ self.lora_B.T) * self.scaling
+
+    def delta_weight(self) -> torch.Tensor:
+        """The update folded into a table: ``A B^T * alpha / r``, shape (num_embeddings, dim)."""
+        return (self.lora_A @ self.lora_B.T) * self.scaling
+
+    def merged(self) -> nn.Embedding:
+        """A plain ``nn.Embedding`` holding ``E + A B^T alpha / r`` (same outputs)."""
+        table = nn.Embedding(self.num_embeddings, self.embedding_dim, padding_idx=self.padding_idx,
+                             device=self.weight.device, dtype=self.weight.dtype)
+        with torch.no_grad():
+            table.weight.copy_(self.weight + self.delta_weight())
+        table.weight.requires_grad_(self.weight.requires_grad)
+        return table
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, rank={self.rank}, alpha={self.alpha}"
+
+
 def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
     parent_name, _, child = name.rpartition(".")
     setattr(model.get_submodule(parent_name) if parent_name else model, child, module)
@@ -87,9 +133,19 @@ def apply_lora(model: nn.Module, targets: Sequence[str], rank: int, alpha: float
     return names
 
 
+def apply_embedding_lora(model: nn.Module, rank: int, alpha: float,
+                         target: str = "ernie.embeddings.word_embeddings") -> str:
+    """Replace the ``nn.Embedding`` at ``target`` by a LoRAEmbedding; returns its name."""
+    module = model.get_submodule(target) if target else None
+    if type(module) is not nn.Embedding:
+        raise ValueError(f"{target!r} is not an nn.Embedding of this model (found {type(module).__name__})")
+    _set_submodule(model, target, LoRAEmbedding(module, rank, alpha))
+    return target
+
+
 def merge_lora(model: nn.Module) -> int:
-    """Fold every LoRALinear of ``model`` into a plain ``nn.Linear`` in place; returns how many."""
-    names = [name for name, module in model.named_modules() if isinstance(module, LoRALinear)]
+    """Fold every LoRALinear / LoRAEmbedding of ``model`` into a plain layer in place; returns how many."""
+    names = [name for name, module in model.named_modules() if isinstance(module, (LoRALinear, LoRAEmbedding))]
     for name in names:
         _set_submodule(model, name, model.get_submodule(name).merged())
     return len(names)

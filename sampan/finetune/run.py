@@ -113,6 +113,8 @@ def finetune(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = None
     method_args = {"lora_rank": cfg.lora_rank, "lora_alpha": cfg.lora_alpha, "lora_dropout": cfg.lora_dropout,
                    "lora_targets": list(cfg.lora_targets)} if cfg.method == "lora" else (
         {"adapter_size": cfg.adapter_size} if cfg.method == "adapter" else {})
+    if cfg.embedding_lora_rank:
+        method_args.update(embedding_lora_rank=cfg.embedding_lora_rank, embedding_lora_alpha=cfg.embedding_lora_alpha)
     torch.manual_seed(cfg.seed)  # LoRA / adapter init
     apply_method(model, cfg.method, method_args, report.initialised, cfg.freeze)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)

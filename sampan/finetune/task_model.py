@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 
 from sampan.finetune.adapter import apply_adapters
 from sampan.finetune.base import HEAD_PREFIXES, HEADS, BaseModel, build_task_model, load_base
-from sampan.finetune.lora import apply_lora, merge_lora
+from sampan.finetune.lora import apply_embedding_lora, apply_lora, merge_lora
 from sampan.models.pretrained import CONFIG_NAME, WEIGHTS_NAME, load_safetensors, read_config
 from sampan.text.tokenizer import ChineseTokenizer
 
@@ -44,7 +44,15 @@ def apply_method(model: torch.nn.Module, method: str, method_args: dict[str, Any
     adapters, every LayerNorm (as Houlsby et al. train them) and the new head. Then parameters
     whose name starts with one of ``freeze`` are frozen, whatever the method; a prefix that names
     no parameter is an error (a typo would otherwise silently train everything).
+
+    ``method_args["embedding_lora_rank"]`` > 0 adds a low-rank update to the word-embedding table
+    (``LoRAEmbedding``) whatever the method; its two matrices always train, even when ``freeze``
+    names the table, since holding the table itself fixed is what the update is for.
     """
+    embedding_lora: set[str] = set()
+    if method_args.get("embedding_lora_rank", 0):
+        target = apply_embedding_lora(model, method_args["embedding_lora_rank"], method_args["embedding_lora_alpha"])
+        embedding_lora = {f"{target}.lora_A", f"{target}.lora_B"}
     if method == "lora":
         apply_lora(model, method_args["lora_targets"], method_args["lora_rank"], method_args["lora_alpha"],
                    method_args.get("lora_dropout", 0.0))
@@ -65,6 +73,9 @@ def apply_method(model: torch.nn.Module, method: str, method_args: dict[str, Any
             trainable = ".lora_" in name or name in head
         else:
             trainable = ".adapter." in name or name in head or name in norms
+        if name in embedding_lora:
+            param.requires_grad_(True)
+            continue
         param.requires_grad_(trainable and not name.startswith(tuple(freeze)))
     names = [n for n, _ in model.named_parameters()]
     unknown = [f for f in freeze if not any(n.startswith(f) for n in names)]

@@ -66,6 +66,9 @@ class TaskSettings:
     max_eval_examples: int = 0  # 0 = the whole dev and test splits
     save: str = "adapter"
     freeze: str = ""  # comma-separated parameter-name prefixes kept at the base's values
+    embedding_lora_rank: int = 0  # a low-rank update of the (frozen) word-embedding table, 0 = none
+    embedding_lora_alpha: float = 8.0
+    eval_steps: int = 0  # steps between dev evaluations (the best on dev is kept); 0 = at the end only
     seed: int = 0
 
 
@@ -96,9 +99,11 @@ class NERSettings(TaskSettings):
     """
 
     method: str = "full"
-    steps: int = 3750
+    steps: int = 7500
     learning_rate: float = 5e-4
     freeze: str = FROZEN_EMBEDDINGS
+    embedding_lora_rank: int = 32
+    eval_steps: int = 1500
 
 
 @dataclasses.dataclass
@@ -260,7 +265,9 @@ def _build_task(task: str, name: str) -> Callable[[TaskSettings, Path, Callable[
                              max_steps=settings.steps, seed=settings.seed, output_dir=str(run_dir),
                              overwrite=True, max_train_examples=settings.max_train_examples or None,
                              max_eval_examples=settings.max_eval_examples or None,
-                             save=settings.save, freeze=settings.freeze)
+                             save=settings.save, freeze=settings.freeze,
+                             embedding_lora_rank=settings.embedding_lora_rank,
+                             embedding_lora_alpha=settings.embedding_lora_alpha, eval_steps=settings.eval_steps)
         log(f"hub: fine-tuning {settings.base} for {task} ({settings.method}, {settings.steps} steps)")
         result = finetune(cfg)
         for item in run_dir.iterdir():
