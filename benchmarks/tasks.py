@@ -131,10 +131,11 @@ def lora_vs_full(args: argparse.Namespace) -> dict[str, Any]:
                            "eval_examples": args.finetune_eval_examples}
     # LoRA at the recipes' LoRA settings (sampan/hub/recipes.py TaskSettings), full fine-tuning at
     # the LR that suits it, and the shipped sentiment recipe's full fine-tune with frozen embeddings
-    # and first block; everything else equal.
+    # (plus their low-rank update, when the recipe has one) and first block; everything else equal.
     settings = {"lora": {"method": "lora", "learning_rate": 2e-3, "lora_rank": 16},
                 "full": {"method": "full", "learning_rate": 1e-4},
-                "full_frozen": {"method": "full", "learning_rate": shipped.learning_rate, "freeze": shipped.freeze}}
+                "full_frozen": {"method": "full", "learning_rate": shipped.learning_rate, "freeze": shipped.freeze,
+                                "embedding_lora_rank": shipped.embedding_lora_rank}}
     with tempfile.TemporaryDirectory() as tmp:
         for arm, extra in settings.items():
             cfg = FinetuneConfig(task="sentiment_analysis", model=str(base), max_steps=args.finetune_steps,
