@@ -392,6 +392,33 @@ def test_full_finetune_with_embedding_lora_saves_the_update_not_the_table(runs, 
         FinetuneConfig(task="ner", model=str(base_dir), embedding_lora_rank=4)
 
 
+def test_mention_replacement_moves_offsets_keeps_types_and_never_copies_held_out_text():
+    from sampan.finetune.augment import augment_ner, mention_pool
+    from sampan.finetune.data import TaskExample
+
+    train = [TaskExample("a", "江泽民在北京会见克林顿。", entities=((0, 3, "PER"), (4, 6, "LOC"), (8, 11, "PER"))),
+             TaskExample("b", "李鹏访问上海浦东。", entities=((0, 2, "PER"), (4, 8, "LOC"))),
+             TaskExample("c", "今天天气很好。")]
+    assert mention_pool(train) == {"PER": ["江泽民", "克林顿", "李鹏"], "LOC": ["北京", "上海浦东"]}
+    extra = augment_ner(train, copies=3, max_chars=30, seed=0)
+    assert extra and all(ex.id.startswith(("a#mr", "b#mr")) for ex in extra)
+    pool = mention_pool(train)
+    for ex in extra:
+        assert ex.text not in {t.text for t in train}
+        source = next(t for t in train if ex.id.startswith(t.id + "#"))
+        assert [k for _, _, k in ex.entities] == [k for _, _, k in source.entities]
+        for start, end, kind in ex.entities:
+            assert ex.text[start:end] in pool[kind]
+        # the text between the entities is the source's
+        assert ex.text.endswith(source.text[source.entities[-1][1]:])
+    assert augment_ner(train, copies=3, max_chars=9, seed=0) == [e for e in extra if len(e.text) <= 9]
+    held = {ex.text for ex in extra}
+    assert not augment_ner(train, copies=3, max_chars=30, seed=0, held_out_texts=held)
+    assert augment_ner(train, copies=0, max_chars=30, seed=0) == []
+    with pytest.raises(ValueError, match="task='ner' only"):
+        FinetuneConfig(task="sentiment_analysis", augment_mentions=1)
+
+
 def test_freeze_prefix_that_names_nothing_is_an_error(base_dir, tmp_path):
     cfg = FinetuneConfig(task="ner", model=str(base_dir), output_dir=str(tmp_path / "out"), freeze="ernie.embedings",
                          **FAST)

