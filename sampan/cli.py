@@ -257,6 +257,11 @@ def _add_finetune_parser(verbs) -> None:
                     help="a trainable rank-R update of the word-embedding table, for any method; with --method full "
                          "freeze ernie.embeddings.word_embeddings (default: 0, none)")
     ft.add_argument("--embedding-lora-alpha", type=float, default=8.0, help="its scale numerator, alpha / R (default: 8)")
+    ft.add_argument("--augment-mentions", type=int, default=0, metavar="N",
+                    help="ner: add N copies of each training sentence with its entities swapped for other training "
+                         "mentions of the same type (default: 0, none)")
+    ft.add_argument("--augment-types", default="", metavar="TYPE[,TYPE...]",
+                    help="the entity types --augment-mentions swaps, e.g. PER (default: all)")
     ft.add_argument("--freeze", default="", metavar="PREFIX[,PREFIX...]",
                     help="parameter-name prefixes kept at the base's values, e.g. ernie.embeddings.word_embeddings; "
                          "with --method full --save adapter only the weights that trained are written")

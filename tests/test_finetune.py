@@ -415,6 +415,11 @@ def test_mention_replacement_moves_offsets_keeps_types_and_never_copies_held_out
     held = {ex.text for ex in extra}
     assert not augment_ner(train, copies=3, max_chars=30, seed=0, held_out_texts=held)
     assert augment_ner(train, copies=0, max_chars=30, seed=0) == []
+    people = augment_ner(train, copies=2, max_chars=30, seed=0, types=("PER",))
+    for ex in people:  # only PER is swapped: the places stay where and what they were
+        source = next(t for t in train if ex.id.startswith(t.id + "#"))
+        assert [ex.text[s:e] for s, e, k in ex.entities if k == "LOC"] == \
+            [source.text[s:e] for s, e, k in source.entities if k == "LOC"]
     with pytest.raises(ValueError, match="task='ner' only"):
         FinetuneConfig(task="sentiment_analysis", augment_mentions=1)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 from sampan.finetune.data import TaskExample
 
@@ -28,10 +28,14 @@ def mention_pool(examples: Iterable[TaskExample]) -> dict[str, list[str]]:
 
 
 def replace_mentions(example: TaskExample, pool: dict[str, Sequence[str]], rng: random.Random,
-                     suffix: str) -> TaskExample:
-    """``example`` with every entity replaced by a random mention of its type (offsets moved)."""
+                     suffix: str, types: Collection[str] = ()) -> TaskExample:
+    """``example`` with every entity of ``types`` (all when empty) replaced by a random mention of
+    its type, offsets moved; other entities are kept as they are."""
     pieces, entities, pos, shift = [], [], 0, 0
     for start, end, kind in sorted(example.entities):
+        if types and kind not in types:
+            entities.append((start + shift, end + shift, kind))
+            continue
         mention = rng.choice(pool[kind])
         pieces += [example.text[pos:start], mention]
         new_start = start + shift
@@ -44,8 +48,9 @@ def replace_mentions(example: TaskExample, pool: dict[str, Sequence[str]], rng: 
 
 
 def augment_ner(train: Sequence[TaskExample], copies: int, max_chars: int, seed: int,
-                held_out_texts: Iterable[str] = ()) -> list[TaskExample]:
-    """``copies`` mention-replaced copies of each training sentence that has entities.
+                held_out_texts: Iterable[str] = (), types: Collection[str] = ()) -> list[TaskExample]:
+    """``copies`` mention-replaced copies of each training sentence that has entities of ``types``
+    (all types when empty); only those entities are replaced.
 
     Returns only the new examples (the caller appends them). Copies longer than ``max_chars``
     characters, or whose text is in ``held_out_texts`` (dev and test) or already in ``train``,
@@ -60,10 +65,10 @@ def augment_ner(train: Sequence[TaskExample], copies: int, max_chars: int, seed:
     rng = random.Random(seed)
     out = []
     for ex in train:
-        if not ex.entities:
+        if not any(not types or kind in types for _, _, kind in ex.entities):
             continue
         for k in range(copies):
-            new = replace_mentions(ex, pool, rng, str(k))
+            new = replace_mentions(ex, pool, rng, str(k), types)
             if len(new.text) <= max_chars and new.text not in seen:
                 seen.add(new.text)
                 out.append(new)

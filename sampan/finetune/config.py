@@ -46,6 +46,7 @@ class FinetuneConfig:
         augment_mentions: ner only: add this many mention-replaced copies of each training
             sentence that has entities, every entity swapped for a random training mention of its
             type (``sampan.finetune.augment``); 0 = none. Dev and test are never augmented.
+        augment_types: the entity types whose mentions are replaced (empty: all).
         freeze: parameter-name prefixes held at the base's values whatever the method, e.g.
             ("ernie.embeddings.word_embeddings",). With method="full" and save="adapter" only
             the parameters that trained are written (over the base, like an adapter): a full
@@ -89,6 +90,7 @@ class FinetuneConfig:
     embedding_lora_rank: int = 0
     embedding_lora_alpha: float = 8.0
     augment_mentions: int = 0
+    augment_types: tuple[str, ...] = ()
     freeze: tuple[str, ...] = ()
     max_length: int = 128
     batch_size: int = 32
@@ -120,6 +122,9 @@ class FinetuneConfig:
         if isinstance(self.freeze, str):
             self.freeze = tuple(t.strip() for t in self.freeze.split(",") if t.strip())
         self.freeze = tuple(self.freeze)
+        if isinstance(self.augment_types, str):
+            self.augment_types = tuple(t.strip() for t in self.augment_types.split(",") if t.strip())
+        self.augment_types = tuple(self.augment_types)
         need(self.task in TASKS, "task", f"must be one of {list(TASKS)}")
         need(self.method in METHODS, "method", f"must be one of {list(METHODS)}")
         need(self.save in SAVE_MODES, "save", f"must be one of {list(SAVE_MODES)}")
@@ -165,4 +170,5 @@ class FinetuneConfig:
         data = dataclasses.asdict(self)
         data["lora_targets"] = list(self.lora_targets)
         data["freeze"] = list(self.freeze)
+        data["augment_types"] = list(self.augment_types)
         return data

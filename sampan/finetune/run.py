@@ -107,7 +107,7 @@ def finetune(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = None
                           cfg.max_train_examples, cfg.max_eval_examples)
     if cfg.augment_mentions:
         extra = augment_ner(data.train, cfg.augment_mentions, cfg.max_length - 2, cfg.seed,
-                            [ex.text for ex in data.dev + data.test])
+                            [ex.text for ex in data.dev + data.test], cfg.augment_types)
         print(f"mention replacement: {len(extra):,} augmented training sentences beside {len(data.train):,}")
         data.train.extend(extra)
     base = load_base(cfg.model, [ex.text for ex in data.train], cfg.tokenizer_vocab_size)
@@ -162,7 +162,7 @@ def finetune(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = None
         "trainable_parameters": trainable, "total_parameters": total, "seed": cfg.seed,
         "features": list(base.feature_names), "data": cfg.data, "data_sizes": data.sizes(),
         "steps": steps, "learning_rate": cfg.learning_rate, "batch_size": cfg.batch_size,
-        "augment_mentions": cfg.augment_mentions,
+        "augment_mentions": cfg.augment_mentions, "augment_types": list(cfg.augment_types),
     }
     save_task_model(model, out, meta, base, cfg.save)
     return FinetuneResult(out, test, selection.best, trainable, total, train_seconds, data.labels, data.sizes(),

@@ -69,6 +69,8 @@ class TaskSettings:
     embedding_lora_rank: int = 0  # a low-rank update of the (frozen) word-embedding table, 0 = none
     embedding_lora_alpha: float = 8.0
     eval_steps: int = 0  # steps between dev evaluations (the best on dev is kept); 0 = at the end only
+    augment_mentions: int = 0  # ner: mention-replaced copies of each training sentence (sampan.finetune.augment)
+    augment_types: str = ""  # the entity types those copies swap ("" = all)
     seed: int = 0
 
 
@@ -110,6 +112,8 @@ class NERSettings(TaskSettings):
     freeze: str = FROZEN_EMBEDDINGS
     embedding_lora_rank: int = 32
     eval_steps: int = 1500
+    augment_mentions: int = 1
+    augment_types: str = "PER"
 
 
 @dataclasses.dataclass
@@ -275,7 +279,8 @@ def _build_task(task: str, name: str) -> Callable[[TaskSettings, Path, Callable[
                              max_eval_examples=settings.max_eval_examples or None,
                              save=settings.save, freeze=settings.freeze,
                              embedding_lora_rank=settings.embedding_lora_rank,
-                             embedding_lora_alpha=settings.embedding_lora_alpha, eval_steps=settings.eval_steps)
+                             embedding_lora_alpha=settings.embedding_lora_alpha, eval_steps=settings.eval_steps,
+                             augment_mentions=settings.augment_mentions, augment_types=settings.augment_types)
         log(f"hub: fine-tuning {settings.base} for {task} ({settings.method}, {settings.steps} steps)")
         result = finetune(cfg)
         for item in run_dir.iterdir():
