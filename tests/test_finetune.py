@@ -507,3 +507,20 @@ def test_cli_finetune_end_to_end(base_dir, tmp_path, capsys):
     assert exit_info.value.code == 0
     usage = capsys.readouterr().out
     assert all(flag in usage for flag in ("--method", "--lora-rank", "--save", "--max-train-examples"))
+
+
+def test_cli_finetune_ner_with_embedding_lora_and_mention_replacement(base_dir, tmp_path, capsys):
+    from sampan.cli import main
+
+    out = tmp_path / "ner"
+    code = main(["finetune", "--task", "ner", "--model", str(base_dir), "--output-dir", str(out), "--steps", "6",
+                 "--batch-size", "16", "--learning-rate", "1e-3", "--max-length", "48", "--max-train-examples", "200",
+                 "--max-eval-examples", "32", "--freeze", "ernie.embeddings.word_embeddings", "--save", "adapter",
+                 "--embedding-lora-rank", "4", "--augment-mentions", "1", "--augment-types", "PER"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    added = int(printed.split("mention replacement: ")[1].split(" augmented")[0].replace(",", ""))
+    _, _, meta = load_task_model(out)
+    assert 0 < added <= 200 and meta["data_sizes"]["train"] == 200 + added
+    assert meta["augment_mentions"] == 1 and meta["augment_types"] == ["PER"]
+    assert meta["method_args"]["embedding_lora_rank"] == 4
