@@ -424,6 +424,21 @@ def test_mention_replacement_moves_offsets_keeps_types_and_never_copies_held_out
         FinetuneConfig(task="sentiment_analysis", augment_mentions=1)
 
 
+def test_freeze_holds_base_parameters_while_what_a_method_inserts_trains():
+    from sampan.finetune.task_model import apply_method
+
+    model = _tiny_classifier()
+    apply_method(model, "adapter", {"adapter_size": 4, "embedding_lora_rank": 2, "embedding_lora_alpha": 4.0}, [],
+                 freeze=("ernie.layers.0.", "ernie.embeddings."))
+    grad = {n: p.requires_grad for n, p in model.named_parameters()}
+    assert grad["ernie.embeddings.word_embeddings.lora_A"] and grad["ernie.embeddings.word_embeddings.lora_B"]
+    assert not grad["ernie.embeddings.word_embeddings.weight"]
+    layer0_adapters = [n for n in grad if n.startswith("ernie.layers.0.") and ".adapter." in n]
+    assert layer0_adapters and all(grad[n] for n in layer0_adapters)
+    assert not any(grad[n] for n in grad if n.startswith("ernie.layers.0.") and ".adapter." not in n)
+    assert any(grad[n] for n in grad if n.startswith("ernie.layers.1.") and "norm" in n)  # adapters train norms
+
+
 def test_freeze_prefix_that_names_nothing_is_an_error(base_dir, tmp_path):
     cfg = FinetuneConfig(task="ner", model=str(base_dir), output_dir=str(tmp_path / "out"), freeze="ernie.embedings",
                          **FAST)

@@ -10,6 +10,15 @@ METHODS = ("full", "lora", "adapter")
 SAVE_MODES = ("merged", "adapter")
 # Every attention projection of sampan's MultiHeadAttention (sampan/nn/attention.py).
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "out_proj")
+# The task models' word-embedding table: what embedding_lora_rank updates and recipes freeze.
+WORD_EMBEDDINGS = "ernie.embeddings.word_embeddings"
+
+
+def _names(value: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """A comma-separated string (the CLI's form) or a sequence of names, as a tuple."""
+    if isinstance(value, str):
+        return tuple(t.strip() for t in value.split(",") if t.strip())
+    return tuple(value)
 
 
 @dataclasses.dataclass
@@ -41,14 +50,16 @@ class FinetuneConfig:
             none), with any method. A task model saved as a delta over its base keeps the
             vocab x hidden table frozen to stay small; this lets characters still change meaning
             for ``rank * (vocab + hidden)`` parameters (rank 32 over 6000 x 256: 0.2M, not 1.5M).
-            It trains even when ``freeze`` names the table, and is merged into it for export.
+            It trains even when ``freeze`` names the table (freeze holds base parameters, and
+            the update is new), and is merged into the table for export.
         embedding_lora_alpha: scaling numerator of that update (``alpha / rank``).
         augment_mentions: ner only: add this many mention-replaced copies of each training
             sentence that has entities, every entity swapped for a random training mention of its
             type (``sampan.finetune.augment``); 0 = none. Dev and test are never augmented.
         augment_types: the entity types whose mentions are replaced (empty: all).
-        freeze: parameter-name prefixes held at the base's values whatever the method, e.g.
-            ("ernie.embeddings.word_embeddings",). With method="full" and save="adapter" only
+        freeze: prefixes of the base's parameter names held at the base's values whatever the
+            method, e.g. ("ernie.embeddings.word_embeddings",); what a method inserts (LoRA
+            factors, adapters) has no base value and always trains. With method="full" and save="adapter" only
             the parameters that trained are written (over the base, like an adapter): a full
             fine-tune at a fraction of a full model's size.
         max_length: longest input in tokens, [CLS] and [SEP] included; longer reviews are cut,
@@ -116,15 +127,8 @@ class FinetuneConfig:
             if not ok:
                 raise ValueError(f"FinetuneConfig.{field} {rule}, got {getattr(self, field)!r}")
 
-        if isinstance(self.lora_targets, str):
-            self.lora_targets = tuple(t.strip() for t in self.lora_targets.split(",") if t.strip())
-        self.lora_targets = tuple(self.lora_targets)
-        if isinstance(self.freeze, str):
-            self.freeze = tuple(t.strip() for t in self.freeze.split(",") if t.strip())
-        self.freeze = tuple(self.freeze)
-        if isinstance(self.augment_types, str):
-            self.augment_types = tuple(t.strip() for t in self.augment_types.split(",") if t.strip())
-        self.augment_types = tuple(self.augment_types)
+        self.lora_targets, self.freeze = _names(self.lora_targets), _names(self.freeze)
+        self.augment_types = _names(self.augment_types)
         need(self.task in TASKS, "task", f"must be one of {list(TASKS)}")
         need(self.method in METHODS, "method", f"must be one of {list(METHODS)}")
         need(self.save in SAVE_MODES, "save", f"must be one of {list(SAVE_MODES)}")
@@ -149,10 +153,10 @@ class FinetuneConfig:
              and self.augment_mentions >= 0, "augment_mentions", "must be an integer >= 0 (0: none)")
         need(self.augment_mentions == 0 or self.task == "ner", "augment_mentions",
              "replaces entity mentions, so it applies to task='ner' only; set it to 0")
-        table = "ernie.embeddings.word_embeddings"
-        if self.embedding_lora_rank and self.method == "full" and not any(table.startswith(f) for f in self.freeze):
+        if self.embedding_lora_rank and self.method == "full" and not any(WORD_EMBEDDINGS.startswith(f)
+                                                                          for f in self.freeze):
             raise ValueError(f"FinetuneConfig.embedding_lora_rank={self.embedding_lora_rank} adds an update to a table "
-                             f"that trains whole under method='full': add {table!r} to freeze, or set it to 0")
+                             f"that trains whole under method='full': add {WORD_EMBEDDINGS!r} to freeze, or set it to 0")
         need(0.0 <= self.lora_dropout < 1.0, "lora_dropout", "must be in [0, 1)")
         need(0.0 <= self.warmup < 1.0, "warmup", "must be a fraction of the steps in [0, 1)")
         need(self.weight_decay >= 0, "weight_decay", "must be >= 0")

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sampan.finetune.config import WORD_EMBEDDINGS
+
 
 class LoRALinear(nn.Linear):
     """``y = x W^T + b + (dropout(x) A^T B^T) * alpha / r`` with ``W``, ``b`` shared with the wrapped layer."""
@@ -133,8 +135,7 @@ def apply_lora(model: nn.Module, targets: Sequence[str], rank: int, alpha: float
     return names
 
 
-def apply_embedding_lora(model: nn.Module, rank: int, alpha: float,
-                         target: str = "ernie.embeddings.word_embeddings") -> str:
+def apply_embedding_lora(model: nn.Module, rank: int, alpha: float, target: str = WORD_EMBEDDINGS) -> str:
     """Replace the ``nn.Embedding`` at ``target`` by a LoRAEmbedding; returns its name."""
     module = model.get_submodule(target) if target else None
     if type(module) is not nn.Embedding:

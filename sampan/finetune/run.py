@@ -105,12 +105,12 @@ def finetune(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = None
     _prepare_output_dir(out, cfg.overwrite)
     data = load_task_data(cfg.task, cfg.data, cfg.max_length, cfg.dev_fraction, cfg.seed,
                           cfg.max_train_examples, cfg.max_eval_examples)
-    if cfg.augment_mentions:
+    base = load_base(cfg.model, [ex.text for ex in data.train], cfg.tokenizer_vocab_size)
+    if cfg.augment_mentions:  # after load_base: a tokenizer trained here sees the real sentences only
         extra = augment_ner(data.train, cfg.augment_mentions, cfg.max_length - 2, cfg.seed,
                             [ex.text for ex in data.dev + data.test], cfg.augment_types)
         print(f"mention replacement: {len(extra):,} augmented training sentences beside {len(data.train):,}")
         data.train.extend(extra)
-    base = load_base(cfg.model, [ex.text for ex in data.train], cfg.tokenizer_vocab_size)
     if cfg.save == "adapter" and base.directory is None:
         raise ValueError("save='adapter' needs a base model directory (the adapter points at it); "
                          f"{cfg.model!r} is a config name with random weights: use save='merged'")

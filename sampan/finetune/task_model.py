@@ -41,18 +41,16 @@ def apply_method(model: torch.nn.Module, method: str, method_args: dict[str, Any
     """Insert LoRA / adapters and set which parameters train.
 
     full: everything. lora: the LoRA matrices and the newly initialised head. adapter: the
-    adapters, every LayerNorm (as Houlsby et al. train them) and the new head. Then parameters
-    whose name starts with one of ``freeze`` are frozen, whatever the method; a prefix that names
-    no parameter is an error (a typo would otherwise silently train everything).
-
-    ``method_args["embedding_lora_rank"]`` > 0 adds a low-rank update to the word-embedding table
-    (``LoRAEmbedding``) whatever the method; its two matrices always train, even when ``freeze``
-    names the table, since holding the table itself fixed is what the update is for.
+    adapters, every LayerNorm (as Houlsby et al. train them) and the new head.
+    ``method_args["embedding_lora_rank"]`` > 0 also gives the word-embedding table a low-rank
+    update (``LoRAEmbedding``), whatever the method. Then the base's parameters whose name starts
+    with one of ``freeze`` are held at the base's values; what the method inserted (LoRA factors,
+    adapters) has no base value to hold and always trains, so freezing the table and updating it
+    go together. A prefix that names no parameter is an error (a typo would otherwise silently
+    train everything).
     """
-    embedding_lora: set[str] = set()
     if method_args.get("embedding_lora_rank", 0):
-        target = apply_embedding_lora(model, method_args["embedding_lora_rank"], method_args["embedding_lora_alpha"])
-        embedding_lora = {f"{target}.lora_A", f"{target}.lora_B"}
+        apply_embedding_lora(model, method_args["embedding_lora_rank"], method_args["embedding_lora_alpha"])
     if method == "lora":
         apply_lora(model, method_args["lora_targets"], method_args["lora_rank"], method_args["lora_alpha"],
                    method_args.get("lora_dropout", 0.0))
@@ -67,16 +65,14 @@ def apply_method(model: torch.nn.Module, method: str, method_args: dict[str, Any
     norms = {f"{m}.{p}" for m, mod in model.named_modules() if isinstance(mod, torch.nn.LayerNorm)
              for p, _ in mod.named_parameters(recurse=False)}
     for name, param in model.named_parameters():
+        inserted = ".lora_" in name or ".adapter." in name
         if method == "full":
             trainable = True
         elif method == "lora":
             trainable = ".lora_" in name or name in head
         else:
             trainable = ".adapter." in name or name in head or name in norms
-        if name in embedding_lora:
-            param.requires_grad_(True)
-            continue
-        param.requires_grad_(trainable and not name.startswith(tuple(freeze)))
+        param.requires_grad_(inserted or (trainable and not name.startswith(tuple(freeze))))
     names = [n for n, _ in model.named_parameters()]
     unknown = [f for f in freeze if not any(n.startswith(f) for n in names)]
     if unknown:

@@ -77,10 +77,12 @@ class TaskSettings:
 # Both task models are full fine-tunes (the 2-core pretraining leaves a base too weak for LoRA to
 # carry a task far) stored as deltas over ernie-tiny-zh: the embedding tables stay frozen and only
 # the tensors that trained are saved, so the store keeps its 30 MB budget. The word table gets a
-# rank-32 update instead (0.4 MB; training the whole table would be 3 MB): at 1,500 NER steps it
+# rank-32 update instead (0.4 MB; training the whole table would be 3 MB): at 1,500 NER steps (one seed) it
 # beat both the frozen table (test F1 0.666 vs 0.620) and the fully trained one (0.648), and
 # sentiment went 80.0% -> 81.9% at 1,200 steps. Sentiment also freezes the first block (training it
 # too, over 2,400 steps, scored 81.7%: no gain for 1.6 MB); NER, a per-character task, gets every block.
+# Spelled out rather than imported from sampan.finetune.config (WORD_EMBEDDINGS): importing any
+# sampan.finetune module loads torch, which this module (read by `sampan hub list`) never imports at load.
 FROZEN_EMBEDDINGS = "ernie.embeddings.word_embeddings,ernie.embeddings.position_embeddings"
 
 
@@ -189,6 +191,7 @@ def build_ernie(settings: ErnieSettings, out: Path, log: Callable[[str], None]) 
     from sampan.pretraining.config import PretrainConfig
     from sampan.pretraining.evaluate import char_mlm_accuracy, entity_cloze_accuracy
     from sampan.pretraining.run import pretrain
+    from sampan.text.features import FEATURE_NAMES
     from sampan.text.shards import SpanShardDataset
 
     data = _data_build(settings, log)
@@ -208,7 +211,7 @@ def build_ernie(settings: ErnieSettings, out: Path, log: Callable[[str], None]) 
     log(f"hub: ernie-tiny-zh held-out char MLM accuracy {chars['char_accuracy']:.1%}, "
         f"whole-entity cloze {cloze['entity_accuracy']:.1%}")
     # features.json only when the model embeds pinyin / radical / strokes: otherwise nothing reads it.
-    uses_features = any(getattr(model.config, f"{n}_vocab_size", 0) for n in ("pinyin", "radical", "stroke"))
+    uses_features = any(getattr(model.config, f"{n}_vocab_size") for n in FEATURE_NAMES)
     _fp16_copy(Path(summary["model_dir"]), out, ("tokenizer.json",) + (("features.json",) if uses_features else ()))
     return {"parameters": summary["parameters"], "heldout_char_mlm_accuracy": chars["char_accuracy"],
             "heldout_entity_cloze_accuracy": cloze["entity_accuracy"]}
