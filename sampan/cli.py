@@ -262,6 +262,9 @@ def _add_finetune_parser(verbs) -> None:
                          "mentions of the same type (default: 0, none)")
     ft.add_argument("--augment-types", default="", metavar="TYPE[,TYPE...]",
                     help="the entity types --augment-mentions swaps, e.g. PER (default: all)")
+    ft.add_argument("--no-tag-transitions", action="store_true",
+                    help="ner: decode with the model's scores alone, without the tag-bigram prior counted on the "
+                         "training tags (whose weight dev picks by default)")
     ft.add_argument("--freeze", default="", metavar="PREFIX[,PREFIX...]",
                     help="parameter-name prefixes kept at the base's values, e.g. ernie.embeddings.word_embeddings; "
                          "with --method full --save adapter only the weights that trained are written")

@@ -14,10 +14,12 @@ from sampan.finetune import (
     FinetuneConfig,
     LoRAEmbedding,
     LoRALinear,
+    TagTransitions,
     apply_adapters,
     apply_embedding_lora,
     apply_lora,
     bio_labels,
+    count_transitions,
     decode_entities,
     encode_bio,
     finetune,
@@ -196,6 +198,46 @@ def test_viterbi_bio_skips_special_tokens_and_checks_its_input():
         viterbi_bio(scores, ["O", "PER", "I-PER"])
     with pytest.raises(ValueError, match="valid has 3 entries for 4 tokens"):
         viterbi_bio(scores, labels, valid=[True] * 3)
+
+
+def test_tag_bigram_prior_counts_training_tags_and_joins_a_name_the_scores_alone_cut():
+    import itertools
+
+    import numpy as np
+
+    labels = ["O", "B-PER", "I-PER"]
+    # Gold: three-character names; -100 (special tokens) is skipped.
+    gold = [[-100, 1, 2, 2, 0, -100], [-100, 0, 1, 2, 2, -100], [-100, 1, 2, 2, -100]]
+    prior = count_transitions(gold, labels, smoothing=1.0)
+    follow = np.exp(np.array(prior.follow))
+    assert np.allclose(follow.sum(axis=1), 1.0) and np.isclose(np.exp(prior.start).sum(), 1.0)
+    # From B-PER: 3 x I-PER, 0 x O, 0 x B-PER, plus one smoothing count each -> 4/6, 1/6, 1/6.
+    assert follow[1] == pytest.approx([1 / 6, 1 / 6, 4 / 6])
+    assert np.exp(prior.start) == pytest.approx([2 / 6, 3 / 6, 1 / 6])  # first tags B, O, B + smoothing
+    # 斯大林: the scores alone end the name after 斯 (大 leans O); the prior joins it.
+    scores = np.log(np.array([[0.1, 0.8, 0.1], [0.6, 0.05, 0.35], [0.5, 0.05, 0.45]]))
+    assert viterbi_bio(scores, labels) == [1, 0, 0]
+    assert viterbi_bio(scores, labels, transitions=prior) == [1, 2, 2]
+    assert viterbi_bio(scores, labels, transitions=prior.with_weight(0.0)) == viterbi_bio(scores, labels)
+    # Brute force: the path maximises emission + weight * (start + follow) among BIO-valid paths.
+    rng = np.random.default_rng(1)
+    weighted = prior.with_weight(0.7)
+    for _ in range(20):
+        s = rng.normal(size=(4, 3)) * 2
+        logp = s - np.logaddexp.reduce(s, axis=1, keepdims=True)
+
+        def total(p, logp=logp):
+            return (logp[np.arange(4), list(p)].sum() + 0.7 * prior.start[p[0]]
+                    + 0.7 * sum(prior.follow[a][b] for a, b in zip(p[:-1], p[1:], strict=True)))
+
+        best = max((p for p in itertools.product(range(3), repeat=4) if _bio_valid(p, labels)), key=total)
+        assert total(viterbi_bio(s, labels, transitions=weighted)) == pytest.approx(total(best))
+    # Round trip through task.json's form, and a table for other labels is refused by name.
+    assert TagTransitions.from_dict(weighted.to_dict(), labels).weight == 0.7
+    with pytest.raises(ValueError, match="3 start scores .* for 7 labels"):
+        TagTransitions.from_dict(weighted.to_dict(), NER_LABELS)
+    with pytest.raises(ValueError, match="must hold 'start'"):
+        TagTransitions.from_dict({"follow": []}, labels)
 
 
 def test_span_f1_on_hand_made_cases():
@@ -539,3 +581,11 @@ def test_cli_finetune_ner_with_embedding_lora_and_mention_replacement(base_dir, 
     assert 0 < added <= 200 and meta["data_sizes"]["train"] == 200 + added
     assert meta["augment_mentions"] == 1 and meta["augment_types"] == ["PER"]
     assert meta["method_args"]["embedding_lora_rank"] == 4
+    # The tag-bigram prior: its weight was picked among the tried ones by dev F1, and the test
+    # figures without it are kept beside the ones with it.
+    prior = TagTransitions.from_dict(meta["tag_transitions"], meta["labels"])
+    search = {float(w): f1 for w, f1 in meta["tag_transition_search"].items()}
+    assert prior.weight in search and search[prior.weight] == max(search.values())
+    assert meta["dev_metrics"]["f1"] == pytest.approx(search[prior.weight], abs=1e-6)
+    assert set(meta["metrics_without_transitions"]) == set(meta["metrics"])
+    assert "tag-bigram prior, dev F1 by weight" in printed

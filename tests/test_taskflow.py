@@ -123,6 +123,33 @@ def test_ner_tags_every_window_of_a_long_text(ner):
     assert any(e["start"] >= len(filler) for e in expected)  # the last window's sentence was tagged
 
 
+def test_ner_decodes_with_the_tag_prior_its_fine_tune_picked(ner):
+    """Taskflow's spans are the predictor's logits decoded with task.json's tag-bigram prior (what the
+    card's figures measured), and on held-out sentences the prior changes some of them."""
+    from sampan.finetune import load_task_data
+    from sampan.finetune.tags import decode_entities, tag_path
+    from sampan.taskflow.encoding import encode_texts
+
+    task = ner.task
+    assert task.transitions is not None
+    assert task.transitions.weight == task.loaded.task_meta["tag_transitions"]["weight"] > 0
+    texts = [ex.text for ex in load_task_data("ner", max_eval_examples=96).test]
+    out = ner(texts)
+    changed = 0
+    for start in range(0, len(texts), 32):
+        batch = texts[start:start + 32]
+        enc = encode_texts(task.loaded.tokenizer, batch, task.max_length)
+        (logits,) = task.loaded.predictor.run({"input_ids": enc.input_ids, "attention_mask": enc.attention_mask})
+        for row, text in enumerate(batch):
+            n, offsets = enc.lengths[row], enc.offsets[row][: enc.lengths[row]]
+            with_prior = decode_entities(text, offsets, tag_path(logits[row][:n], offsets, task.labels,
+                                                                 task.transitions), task.labels)
+            alone = decode_entities(text, offsets, tag_path(logits[row][:n], offsets, task.labels), task.labels)
+            assert out[start + row]["entities"] == with_prior
+            changed += with_prior != alone
+    assert changed > 0
+
+
 def test_word_segmentation():
     (out,) = Taskflow("word_segmentation")("我爱北京天安门")
     assert out["words"] == ["我", "爱", "北京", "天安门"]

@@ -27,7 +27,7 @@ from sampan.finetune.evaluate import evaluate_examples, predict_logits
 from sampan.finetune.lora import LoRAEmbedding, LoRALinear, apply_embedding_lora, apply_lora, merge_lora
 from sampan.finetune.metrics import accuracy, flat_span_metrics, span_f1
 from sampan.finetune.run import FinetuneResult, finetune
-from sampan.finetune.tags import decode_entities, encode_bio, viterbi_bio
+from sampan.finetune.tags import TagTransitions, count_transitions, decode_entities, encode_bio, viterbi_bio
 from sampan.finetune.task_model import load_task_model, read_task_meta
 
 __all__ = [
@@ -65,4 +65,6 @@ __all__ = [
     "span_f1",
     "tokenize_for_task",
     "viterbi_bio",
+    "TagTransitions",
+    "count_transitions",
 ]

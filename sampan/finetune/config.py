@@ -57,6 +57,9 @@ class FinetuneConfig:
             sentence that has entities, every entity swapped for a random training mention of its
             type (``sampan.finetune.augment``); 0 = none. Dev and test are never augmented.
         augment_types: the entity types whose mentions are replaced (empty: all).
+        tag_transitions: ner: count a tag-bigram prior (``TagTransitions``) on the training
+            split's gold tags, pick its weight on dev (0 included) and decode with it; it is
+            stored in ``task.json`` and Taskflow decodes with it too. No effect on sentiment.
         freeze: prefixes of the base's parameter names held at the base's values whatever the
             method, e.g. ("ernie.embeddings.word_embeddings",); what a method inserts (LoRA
             factors, adapters) has no base value and always trains. With method="full" and save="adapter" only
@@ -102,6 +105,7 @@ class FinetuneConfig:
     embedding_lora_alpha: float = 8.0
     augment_mentions: int = 0
     augment_types: tuple[str, ...] = ()
+    tag_transitions: bool = True
     freeze: tuple[str, ...] = ()
     max_length: int = 128
     batch_size: int = 32

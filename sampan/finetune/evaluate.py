@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from sampan.finetune.data import TaskExample
 from sampan.finetune.encoding import Encoded, PadCollator
 from sampan.finetune.metrics import accuracy, flat_span_metrics, span_f1
-from sampan.finetune.tags import IGNORE, decode_entities, tag_path
+from sampan.finetune.tags import IGNORE, TagTransitions, count_transitions, decode_entities, tag_path
 
 
 @torch.no_grad()
@@ -51,25 +51,46 @@ def predict_logits(model: torch.nn.Module, encoded: Sequence[Encoded], collator:
 
 
 def score(task: str, examples: Sequence[TaskExample], encoded: Sequence[Encoded], logits: Sequence[torch.Tensor],
-          labels: Sequence[str]) -> dict[str, float]:
+          labels: Sequence[str], transitions: TagTransitions | None = None) -> dict[str, float]:
     """Flat metrics: sentiment ``accuracy`` (+ ``examples``); ner micro ``precision`` / ``recall`` / ``f1``
-    and per type ``PER_f1``, ``PER_precision``, ``PER_recall``, ``PER_support`` ..."""
+    and per type ``PER_f1``, ``PER_precision``, ``PER_recall``, ``PER_support`` ... (ner spans are
+    decoded with the ``transitions`` prior when given)."""
     if task == "sentiment_analysis":
         gold = [enc.labels for enc in encoded]
         pred = [int(lg.argmax()) for lg in logits]
         return {"accuracy": accuracy(gold, pred), "examples": len(gold)}
     gold_spans = [list(ex.entities) for ex in examples]
-    pred_spans = [decode_entities(ex.text, enc.offsets, tag_path(lg.numpy(), enc.offsets, labels), labels)
+    pred_spans = [decode_entities(ex.text, enc.offsets, tag_path(lg.numpy(), enc.offsets, labels, transitions), labels)
                   for ex, enc, lg in zip(examples, encoded, logits, strict=True)]
     return {**flat_span_metrics(span_f1(gold_spans, pred_spans)), "examples": len(examples)}
 
 
 def evaluate_examples(model: torch.nn.Module, task: str, examples: Sequence[TaskExample],
                       encoded: Sequence[Encoded], labels: Sequence[str], collator: PadCollator,
-                      batch_size: int = 64) -> dict[str, float]:
+                      batch_size: int = 64, transitions: TagTransitions | None = None) -> dict[str, float]:
     """``score`` plus the mean ``loss`` of ``model`` on ``examples``."""
     logits, loss = predict_logits(model, encoded, collator, batch_size)
-    return {"loss": loss, **score(task, examples, encoded, logits, labels)}
+    return {"loss": loss, **score(task, examples, encoded, logits, labels, transitions)}
 
 
 SELECTION_METRIC = {"sentiment_analysis": "accuracy", "ner": "f1"}
+
+TRANSITION_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5)
+"""The tag-bigram prior weights a fine-tune tries on the dev split (0 = the model's scores alone)."""
+
+
+def choose_transitions(model: torch.nn.Module, train: Sequence[Encoded], dev: Sequence[TaskExample],
+                       dev_encoded: Sequence[Encoded], labels: Sequence[str], collator: PadCollator,
+                       weights: Sequence[float] = TRANSITION_WEIGHTS
+                       ) -> tuple[TagTransitions, dict[float, dict[str, float]]]:
+    """Count the tag-bigram prior on ``train``'s gold tags and pick its weight by dev span F1.
+
+    Returns the prior at the chosen weight and the dev metrics at every weight tried (the first
+    of equal scores wins, so with no gain the weight stays 0 and decoding is unchanged).
+    """
+    counted = count_transitions((enc.labels for enc in train), labels)
+    logits, loss = predict_logits(model, dev_encoded, collator)
+    by_weight = {float(w): {"loss": loss, **score("ner", dev, dev_encoded, logits, labels, counted.with_weight(w))}
+                 for w in weights}
+    best = max(by_weight, key=lambda w: (by_weight[w]["f1"], -w))
+    return counted.with_weight(best), by_weight

@@ -16,7 +16,13 @@ from sampan.finetune.base import build_task_model, load_base
 from sampan.finetune.config import FinetuneConfig
 from sampan.finetune.data import load_task_data
 from sampan.finetune.encoding import EncodedDataset, PadCollator, encode_examples
-from sampan.finetune.evaluate import SELECTION_METRIC, evaluate_examples
+from sampan.finetune.evaluate import (
+    SELECTION_METRIC,
+    choose_transitions,
+    evaluate_examples,
+    predict_logits,
+    score,
+)
 from sampan.finetune.task_model import apply_method, save_task_model, trainable_state
 from sampan.trainer import Trainer, TrainerCallback, TrainingArguments
 
@@ -36,6 +42,8 @@ class FinetuneResult:
         total_parameters: parameters of the model as trained (with LoRA / adapter modules).
         train_seconds: wall time of the training loop.
         initial_dev_metrics: dev-split metrics before the first step (the base with a fresh head).
+        metrics_without_transitions: ner with ``tag_transitions``: the test metrics of the same
+            weights decoded without the tag-bigram prior, to show what it is worth.
         labels: the label names in id order.
         data_sizes: examples per split after deduplication and sampling.
         load_report: how the base weights went into the task model.
@@ -51,6 +59,7 @@ class FinetuneResult:
     data_sizes: dict[str, int]
     load_report: str
     initial_dev_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+    metrics_without_transitions: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 class DevSelection(TrainerCallback):
@@ -106,6 +115,7 @@ def finetune(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = None
     data = load_task_data(cfg.task, cfg.data, cfg.max_length, cfg.dev_fraction, cfg.seed,
                           cfg.max_train_examples, cfg.max_eval_examples)
     base = load_base(cfg.model, [ex.text for ex in data.train], cfg.tokenizer_vocab_size)
+    originals = len(data.train)  # the tag-bigram prior is counted on these, not on augmented copies
     if cfg.augment_mentions:  # after load_base: a tokenizer trained here sees the real sentences only
         extra = augment_ner(data.train, cfg.augment_mentions, cfg.max_length - 2, cfg.seed,
                             [ex.text for ex in data.dev + data.test], cfg.augment_types)
@@ -153,17 +163,31 @@ def finetune(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = None
         params = dict(model.named_parameters())
         for name, tensor in selection.best_state.items():
             params[name].copy_(tensor)
-    test = evaluate_examples(model, cfg.task, data.test, encode["test"], data.labels, collator)
+    dev_metrics, transitions, search = dict(selection.best), None, {}
+    if cfg.task == "ner" and cfg.tag_transitions:
+        transitions, search = choose_transitions(model, encode["train"][:originals], data.dev, encode["dev"],
+                                                 data.labels, collator)
+        dev_metrics.update(search[transitions.weight])  # the dev figures as the model will decode
+        print("tag-bigram prior, dev F1 by weight: " + ", ".join(f"{w:g}: {m['f1']:.4f}" for w, m in search.items())
+              + f" -> weight {transitions.weight:g}")
+    logits, loss = predict_logits(model, encode["test"], collator)
+    test = {"loss": loss, **score(cfg.task, data.test, encode["test"], logits, data.labels, transitions)}
+    without = ({"loss": loss, **score(cfg.task, data.test, encode["test"], logits, data.labels)}
+               if transitions is not None else {})
     for checkpoint in (out / TRAINING_DIR).glob("checkpoint-*"):
         shutil.rmtree(checkpoint)
     meta = {
         "task": cfg.task, "labels": data.labels, "max_length": cfg.max_length, "base_model": cfg.model,
-        "method": cfg.method, "method_args": method_args, "freeze": list(cfg.freeze), "metrics": test, "dev_metrics": selection.best,
+        "method": cfg.method, "method_args": method_args, "freeze": list(cfg.freeze), "metrics": test, "dev_metrics": dev_metrics,
         "trainable_parameters": trainable, "total_parameters": total, "seed": cfg.seed,
         "features": list(base.feature_names), "data": cfg.data, "data_sizes": data.sizes(),
         "steps": steps, "learning_rate": cfg.learning_rate, "batch_size": cfg.batch_size,
         "augment_mentions": cfg.augment_mentions, "augment_types": list(cfg.augment_types),
     }
+    if transitions is not None:
+        meta["tag_transitions"] = transitions.to_dict()
+        meta["tag_transition_search"] = {f"{w:g}": round(m["f1"], 6) for w, m in search.items()}
+        meta["metrics_without_transitions"] = without
     save_task_model(model, out, meta, base, cfg.save)
-    return FinetuneResult(out, test, selection.best, trainable, total, train_seconds, data.labels, data.sizes(),
-                          str(report), selection.initial)
+    return FinetuneResult(out, test, dev_metrics, trainable, total, train_seconds, data.labels, data.sizes(),
+                          str(report), selection.initial, without)

@@ -8,7 +8,9 @@ its first character falls in (B- when it starts the entity, I- inside it). Speci
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -92,7 +94,69 @@ def allowed_transitions(labels: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     return start, follow
 
 
-def viterbi_bio(scores, labels: Sequence[str], valid: Sequence[bool] | None = None) -> list[int]:
+@dataclasses.dataclass(frozen=True)
+class TagTransitions:
+    """A tag-bigram prior for Viterbi: log P(first tag) and log P(next tag | tag), times ``weight``.
+
+    A token classifier scores each token alone (its softmax sees the context, but not the tags
+    chosen beside it), so it happily ends a person after its surname (``B-PER O`` for 斯大林) or
+    tags a lone surname-like character. Counted on the training split's gold tags, the bigram
+    prior says how rare those paths are; ``weight`` (picked on the dev split) sets how much it
+    counts against the model's own scores. This is the transition half of a linear-chain CRF,
+    estimated by counting rather than trained jointly with the encoder.
+    """
+
+    start: tuple[float, ...]
+    follow: tuple[tuple[float, ...], ...]
+    weight: float = 1.0
+
+    def with_weight(self, weight: float) -> TagTransitions:
+        return dataclasses.replace(self, weight=float(weight))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"weight": self.weight, "start": [round(v, 6) for v in self.start],
+                "follow": [[round(v, 6) for v in row] for row in self.follow]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], labels: Sequence[str]) -> TagTransitions:
+        """Read ``to_dict``'s form, checking it has one row / column per label."""
+        n = len(labels)
+        try:
+            start = tuple(float(v) for v in data["start"])
+            follow = tuple(tuple(float(v) for v in row) for row in data["follow"])
+            weight = float(data.get("weight", 1.0))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"tag_transitions must hold 'start' ({n} numbers), 'follow' ({n} x {n}) and "
+                             f"'weight': {exc}") from exc
+        if len(start) != n or len(follow) != n or any(len(row) != n for row in follow):
+            raise ValueError(f"tag_transitions has {len(start)} start scores and a {len(follow)}-row follow table "
+                             f"for {n} labels {list(labels)}: re-run the fine-tune to rewrite it")
+        return cls(start, follow, weight)
+
+
+def count_transitions(tag_sequences: Iterable[Sequence[int]], labels: Sequence[str],
+                      smoothing: float = 1.0) -> TagTransitions:
+    """``TagTransitions`` (weight 1) from gold tag-id sequences; -100 entries (special tokens) are skipped.
+
+    Add-``smoothing`` counts keep every bigram BIO allows possible; the ones it forbids are
+    masked by Viterbi anyway.
+    """
+    n = len(labels)
+    start = np.full(n, smoothing, dtype=np.float64)
+    follow = np.full((n, n), smoothing, dtype=np.float64)
+    for seq in tag_sequences:
+        tags = [int(t) for t in seq if int(t) != IGNORE]
+        if not tags:
+            continue
+        start[tags[0]] += 1
+        np.add.at(follow, (tags[:-1], tags[1:]), 1)
+    start = np.log(start / start.sum())
+    follow = np.log(follow / follow.sum(axis=1, keepdims=True))
+    return TagTransitions(tuple(start.tolist()), tuple(map(tuple, follow.tolist())), 1.0)
+
+
+def viterbi_bio(scores, labels: Sequence[str], valid: Sequence[bool] | None = None,
+                transitions: TagTransitions | None = None) -> list[int]:
     """The best tag sequence that obeys BIO, from per-token scores ``[tokens, labels]``.
 
     Arg-max tagging scores each token alone, so it can emit ``O I-LOC I-LOC`` (a span without its
@@ -101,6 +165,7 @@ def viterbi_bio(scores, labels: Sequence[str], valid: Sequence[bool] | None = No
     which may be raw logits) among the paths BIO allows is found by Viterbi, so boundaries are
     decided jointly. ``valid`` marks the tokens that carry tags (False for [CLS] / [SEP] /
     padding): the grammar runs over the valid tokens only, and the others get ``O``.
+    ``transitions`` adds a tag-bigram prior (``TagTransitions``) to the path score.
     """
     scores = np.asarray(scores, dtype=np.float64)
     if scores.ndim != 2 or scores.shape[1] != len(labels):
@@ -114,8 +179,14 @@ def viterbi_bio(scores, labels: Sequence[str], valid: Sequence[bool] | None = No
         return out.tolist()
     start, follow = allowed_transitions(labels)
     logp = scores[rows] - np.logaddexp.reduce(scores[rows], axis=1, keepdims=True)
-    penalty = np.where(follow, 0.0, -np.inf)  # [prev, next]
-    best = np.where(start, logp[0], -np.inf)
+    prior_start, prior_follow = np.zeros(len(labels)), np.zeros((len(labels), len(labels)))
+    if transitions is not None and transitions.weight:
+        prior_start = transitions.weight * np.asarray(transitions.start, dtype=np.float64)
+        prior_follow = transitions.weight * np.asarray(transitions.follow, dtype=np.float64)
+        if prior_follow.shape != (len(labels), len(labels)):
+            raise ValueError(f"transitions are for {prior_follow.shape[0]} labels, the scores for {len(labels)}")
+    penalty = np.where(follow, prior_follow, -np.inf)  # [prev, next]
+    best = np.where(start, logp[0] + prior_start, -np.inf)
     back = np.zeros((len(rows), len(labels)), dtype=np.int64)
     for t in range(1, len(rows)):
         total = best[:, None] + penalty
@@ -128,7 +199,8 @@ def viterbi_bio(scores, labels: Sequence[str], valid: Sequence[bool] | None = No
     return out.tolist()
 
 
-def tag_path(logits, offsets: Sequence[tuple[int, int]], labels: Sequence[str]) -> list[int]:
+def tag_path(logits, offsets: Sequence[tuple[int, int]], labels: Sequence[str],
+             transitions: TagTransitions | None = None) -> list[int]:
     """Tag ids for one example's token ``logits``: the best BIO-valid path over its real tokens
-    (those with a non-empty character offset)."""
-    return viterbi_bio(logits, labels, [end > start for start, end in offsets])
+    (those with a non-empty character offset), with the ``transitions`` prior when given."""
+    return viterbi_bio(logits, labels, [end > start for start, end in offsets], transitions)

@@ -26,6 +26,7 @@ def evaluate_model(name: str, max_examples: int = 0) -> dict[str, Any]:
     from sampan.finetune import load_task_data, load_task_model
     from sampan.finetune.encoding import PadCollator, encode_examples
     from sampan.finetune.evaluate import evaluate_examples
+    from sampan.finetune.tags import TagTransitions
     from sampan.finetune.task_model import FEATURES_FILE
     from sampan.text.features import CharFeatures
 
@@ -44,7 +45,9 @@ def evaluate_model(name: str, max_examples: int = 0) -> dict[str, Any]:
     features = CharFeatures.load(directory / FEATURES_FILE) if meta.get("features") else None
     collator = PadCollator(features, meta.get("features") or ())
     encoded = encode_examples(tokenizer, data.test, meta["task"], data.labels, meta["max_length"])
-    return evaluate_examples(model, meta["task"], data.test, encoded, data.labels, collator)
+    prior = meta.get("tag_transitions")
+    transitions = TagTransitions.from_dict(prior, data.labels) if prior else None
+    return evaluate_examples(model, meta["task"], data.test, encoded, data.labels, collator, transitions=transitions)
 
 
 def write_metrics(name: str, metrics: dict[str, Any]) -> Path:

@@ -35,6 +35,12 @@ class NER(Task):
         self.labels = list(self.loaded.task_meta.get("labels") or [])
         if not any(label.startswith("B-") for label in self.labels):
             raise ValueError(f"{self.loaded.directory} is not an NER model (task.json labels {self.labels})")
+        from sampan.finetune.tags import TagTransitions
+
+        # The tag-bigram prior the fine-tune picked on dev (absent in models made before it, or
+        # with --no-tag-transitions): decoding here must match what the card's figures measured.
+        prior = self.loaded.task_meta.get("tag_transitions")
+        self.transitions = TagTransitions.from_dict(prior, self.labels) if prior else None
 
     def _preprocess(self, texts: list[str]) -> _Windows:
         pieces = [(i, s, e) for i, text in enumerate(texts) for s, e in windows(text, self.max_length - 2)]
@@ -57,7 +63,7 @@ class NER(Task):
                 i, s, _ = inputs.pieces[k]
                 n = enc.lengths[row]
                 offsets = enc.offsets[row][:n]
-                for ent in decode_entities(inputs.parts[k], offsets, tag_path(logits[row][:n], offsets, self.labels),
+                for ent in decode_entities(inputs.parts[k], offsets, tag_path(logits[row][:n], offsets, self.labels, self.transitions),
                                            self.labels):
                     entities[i].append({"text": ent["text"], "type": ent["type"],
                                         "start": ent["start"] + s, "end": ent["end"] + s})
