@@ -262,6 +262,11 @@ def _add_finetune_parser(verbs) -> None:
                          "mentions of the same type (default: 0, none)")
     ft.add_argument("--augment-types", default="", metavar="TYPE[,TYPE...]",
                     help="the entity types --augment-mentions swaps, e.g. PER (default: all)")
+    ft.add_argument("--pooling", choices=["cls", "mean"], default="cls",
+                    help="sentiment_analysis: classify from [CLS] through the pooler, or from the mean of the "
+                         "last hidden states (default: cls)")
+    ft.add_argument("--dropout", type=float, default=None, metavar="P",
+                    help="dropout on embeddings, residuals and attention while fine-tuning (default: the base's)")
     ft.add_argument("--no-tag-transitions", action="store_true",
                     help="ner: decode with the model's scores alone, without the tag-bigram prior counted on the "
                          "training tags (whose weight dev picks by default)")

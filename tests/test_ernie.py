@@ -123,6 +123,23 @@ def test_sequence_classification():
                                rtol=1e-6, atol=1e-6)
 
 
+def test_mean_pooled_sequence_classification_averages_the_real_tokens():
+    model = build(ErnieForSequenceClassification, 5, classifier_pooling="mean")
+    assert model.ernie.pooler is None
+    assert model.num_parameters() == model.config.num_parameters("sequence_classification")
+    assert model.num_parameters() == build(ErnieForSequenceClassification, 5).num_parameters() - (64 * 64 + 64)
+    ids = real_ids(2, 6, seed=3)
+    hidden, _ = model.ernie(ids)
+    torch.testing.assert_close(model(ids), model.classifier(hidden.mean(dim=1)))
+    # Padding (explicit mask, or pad ids with no mask) leaves the logits of the real tokens as they were.
+    padded = torch.cat([ids, torch.zeros(2, 3, dtype=torch.long)], dim=1)
+    mask = (padded != 0).long()
+    torch.testing.assert_close(model(padded, attention_mask=mask), model(ids), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(model(padded), model(ids), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="classifier_pooling must be 'cls' or 'mean'"):
+        small_config(classifier_pooling="max")
+
+
 def test_sequence_regression_with_one_label():
     model = build(ErnieForSequenceClassification, 6, num_labels=1)
     ids = real_ids(4, 8, seed=6)

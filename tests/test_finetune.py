@@ -481,6 +481,31 @@ def test_freeze_holds_base_parameters_while_what_a_method_inserts_trains():
     assert any(grad[n] for n in grad if n.startswith("ernie.layers.1.") and "norm" in n)  # adapters train norms
 
 
+def test_mean_pooling_and_dropout_are_stored_and_reloaded(base_dir, tmp_path):
+    """A sentiment fine-tune with a mean-pooled head and dropout: task.json records the config
+    fields it changed, and the adapter layout rebuilds the same model from its base."""
+    from sampan.finetune.encoding import PadCollator, encode_examples
+    from sampan.finetune.evaluate import predict_logits
+
+    cfg = FinetuneConfig(task="sentiment_analysis", model=str(base_dir), output_dir=str(tmp_path / "s"), **FAST,
+                         pooling="mean", dropout=0.1, learning_rate=1e-3, save="adapter",
+                         freeze=("ernie.embeddings.word_embeddings",))
+    assert cfg.config_overrides() == {"classifier_pooling": "mean", "dropout": 0.1, "attention_dropout": 0.1}
+    result = finetune(cfg)
+    model, tokenizer, meta = load_task_model(result.output_dir)
+    assert meta["config_overrides"] == cfg.config_overrides()
+    assert model.config.classifier_pooling == "mean" and model.ernie.pooler is None and not model.training
+    data = load_task_data("sentiment_analysis", max_train_examples=8, max_eval_examples=16)
+    encoded = encode_examples(tokenizer, data.test, "sentiment_analysis", data.labels, 48)
+    first, _ = predict_logits(model, encoded, PadCollator())
+    again, _ = predict_logits(load_task_model(result.output_dir)[0], encoded, PadCollator())
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))  # eval mode: no dropout
+    with pytest.raises(ValueError, match="pooling .*applies to task='sentiment_analysis' only"):
+        FinetuneConfig(task="ner", pooling="mean")
+    with pytest.raises(ValueError, match="dropout must be None"):
+        FinetuneConfig(dropout=1.5)
+
+
 def test_freeze_prefix_that_names_nothing_is_an_error(base_dir, tmp_path):
     cfg = FinetuneConfig(task="ner", model=str(base_dir), output_dir=str(tmp_path / "out"), freeze="ernie.embedings",
                          **FAST)

@@ -243,6 +243,9 @@ def test_tasks_benchmark_quick(sampan_home, tmp_path):
                    check=True, timeout=900, env={**os.environ, "SAMPAN_HOME": str(sampan_home)})
     r = json.loads(out.read_text())
     assert 0.5 <= r["sentiment"]["sampan_accuracy"] <= 1 and 0.5 <= r["sentiment"]["baseline_accuracy"] <= 1
+    sent = r["sentiment"]
+    assert max(sent["sampan_accuracy"], sent["baseline_accuracy"]) <= sent["either_correct"] <= 1
+    assert all(row["label"] in ("positive", "negative") and row["text"] for row in sent["both_wrong_sample"])
     assert {"PER", "LOC", "micro"} <= set(r["ner"]["sampan"]) and {"PER", "LOC"} <= set(r["ner"]["lac"])
     arms = r["lora_vs_full"]
     assert arms["lora"]["trainable_parameters"] < arms["full_frozen"]["trainable_parameters"] < \

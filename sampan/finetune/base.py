@@ -14,6 +14,7 @@ import dataclasses
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
@@ -125,10 +126,12 @@ def load_base(model: str, train_texts: Iterable[str] | None = None, vocab_size: 
     return BaseModel(config, tokenizer, None, None, (), None, model)
 
 
-def build_task_model(base: BaseModel, task: str, num_labels: int, seed: int, max_length: int):
+def build_task_model(base: BaseModel, task: str, num_labels: int, seed: int, max_length: int,
+                     overrides: dict[str, Any] | None = None):
     """The task model (sequence / token classification) with the base encoder's weights; ``(model, report)``.
 
-    The head is initialised under ``seed``. A base tensor for a head parameter of another shape
+    ``overrides`` replaces fields of the base's config (dropout, ``classifier_pooling``) that
+    change no tensor shape. The head is initialised under ``seed``. A base tensor for a head parameter of another shape
     (a different label count) is re-initialised; any other mismatch or missing encoder tensor is
     an error naming it.
     """
@@ -139,7 +142,7 @@ def build_task_model(base: BaseModel, task: str, num_labels: int, seed: int, max
     if max_length > base.config.max_position_embeddings:
         raise ValueError(f"max_length {max_length} exceeds the model's max_position_embeddings "
                          f"({base.config.max_position_embeddings}); lower max_length")
-    config = base.config.replace(num_labels=num_labels)
+    config = base.config.replace(num_labels=num_labels, **(overrides or {}))
     torch.manual_seed(seed)
     model = create(config, head=HEADS[task])
     if base.weights is None:

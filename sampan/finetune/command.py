@@ -17,7 +17,8 @@ def config_from_args(args: argparse.Namespace) -> FinetuneConfig:
         learning_rate=args.learning_rate, lora_rank=args.lora_rank, lora_alpha=args.lora_alpha,
         adapter_size=args.adapter_size, embedding_lora_rank=args.embedding_lora_rank,
         embedding_lora_alpha=args.embedding_lora_alpha, augment_mentions=args.augment_mentions,
-        augment_types=args.augment_types, tag_transitions=not args.no_tag_transitions, freeze=args.freeze, max_length=args.max_length, max_train_examples=args.max_train_examples,
+        augment_types=args.augment_types, tag_transitions=not args.no_tag_transitions,
+        pooling=args.pooling, dropout=args.dropout, freeze=args.freeze, max_length=args.max_length, max_train_examples=args.max_train_examples,
         max_eval_examples=args.max_eval_examples, eval_steps=args.eval_steps, group_by_length=not args.no_group_by_length, save=args.save, seed=args.seed,
         overwrite=args.overwrite)
 

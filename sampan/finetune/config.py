@@ -60,6 +60,11 @@ class FinetuneConfig:
         tag_transitions: ner: count a tag-bigram prior (``TagTransitions``) on the training
             split's gold tags, pick its weight on dev (0 included) and decode with it; it is
             stored in ``task.json`` and Taskflow decodes with it too. No effect on sentiment.
+        pooling: sentiment_analysis: how the classifier reduces the tokens, "cls" (BERT's pooler
+            over [CLS]) or "mean" (the mean of the last hidden states; see
+            ``ErnieConfig.classifier_pooling``).
+        dropout: dropout on embeddings, residual branches and attention probabilities while
+            fine-tuning; None keeps the base's (ernie-tiny-zh was pretrained without: 0.0).
         freeze: prefixes of the base's parameter names held at the base's values whatever the
             method, e.g. ("ernie.embeddings.word_embeddings",); what a method inserts (LoRA
             factors, adapters) has no base value and always trains. With method="full" and save="adapter" only
@@ -106,6 +111,8 @@ class FinetuneConfig:
     augment_mentions: int = 0
     augment_types: tuple[str, ...] = ()
     tag_transitions: bool = True
+    pooling: str = "cls"
+    dropout: float | None = None
     freeze: tuple[str, ...] = ()
     max_length: int = 128
     batch_size: int = 32
@@ -155,6 +162,11 @@ class FinetuneConfig:
         need(self.embedding_lora_alpha > 0, "embedding_lora_alpha", "must be > 0")
         need(isinstance(self.augment_mentions, int) and not isinstance(self.augment_mentions, bool)
              and self.augment_mentions >= 0, "augment_mentions", "must be an integer >= 0 (0: none)")
+        need(self.pooling in ("cls", "mean"), "pooling", "must be 'cls' or 'mean'")
+        need(self.pooling == "cls" or self.task == "sentiment_analysis", "pooling",
+             "reduces a sentence to one vector, so it applies to task='sentiment_analysis' only; leave it 'cls'")
+        need(self.dropout is None or (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0),
+             "dropout", "must be None (the base's) or in [0, 1)")
         need(self.augment_mentions == 0 or self.task == "ner", "augment_mentions",
              "replaces entity mentions, so it applies to task='ner' only; set it to 0")
         if self.embedding_lora_rank and self.method == "full" and not any(WORD_EMBEDDINGS.startswith(f)
@@ -173,6 +185,15 @@ class FinetuneConfig:
             raise ValueError("FinetuneConfig.save='adapter' keeps only the weights that trained, but method='full' "
                              "with nothing in freeze trains every weight: use save='merged', method='lora' / "
                              "'adapter', or freeze some weights (e.g. freeze=('ernie.embeddings.word_embeddings',))")
+
+    def config_overrides(self) -> dict[str, Any]:
+        """The base-config fields this fine-tune changes (``build_task_model``'s ``overrides``)."""
+        out: dict[str, Any] = {}
+        if self.pooling != "cls":
+            out["classifier_pooling"] = self.pooling
+        if self.dropout is not None:
+            out.update(dropout=float(self.dropout), attention_dropout=float(self.dropout))
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

@@ -124,7 +124,8 @@ def finetune(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = None
     if cfg.save == "adapter" and base.directory is None:
         raise ValueError("save='adapter' needs a base model directory (the adapter points at it); "
                          f"{cfg.model!r} is a config name with random weights: use save='merged'")
-    model, report = build_task_model(base, cfg.task, len(data.labels), cfg.seed, cfg.max_length)
+    overrides = cfg.config_overrides()
+    model, report = build_task_model(base, cfg.task, len(data.labels), cfg.seed, cfg.max_length, overrides)
     print(f"base {cfg.model}: {report}")
     method_args = {"lora_rank": cfg.lora_rank, "lora_alpha": cfg.lora_alpha, "lora_dropout": cfg.lora_dropout,
                    "lora_targets": list(cfg.lora_targets)} if cfg.method == "lora" else (
@@ -183,6 +184,7 @@ def finetune(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = None
         "features": list(base.feature_names), "data": cfg.data, "data_sizes": data.sizes(),
         "steps": steps, "learning_rate": cfg.learning_rate, "batch_size": cfg.batch_size,
         "augment_mentions": cfg.augment_mentions, "augment_types": list(cfg.augment_types),
+        "config_overrides": overrides,
     }
     if transitions is not None:
         meta["tag_transitions"] = transitions.to_dict()

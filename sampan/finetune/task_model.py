@@ -154,7 +154,8 @@ def load_task_model(model_dir: str | os.PathLike) -> tuple[torch.nn.Module, Chin
                                     f"(relative to it: {base_dir}), which is missing; ship the two directories "
                                     "together or save with save='merged'")
         base = load_base(str(base_dir))
-        model, _ = build_task_model(base, task, len(labels), seed=0, max_length=meta.get("max_length", 3))
+        model, _ = build_task_model(base, task, len(labels), seed=0, max_length=meta.get("max_length", 3),
+                                    overrides=meta.get("config_overrides"))
         apply_method(model, method, _method_args(meta), new_head=[])
         names = load_safetensors(model, model_dir / ADAPTER_WEIGHTS, partial=True)
         missing_lora = [n for n, _ in model.named_parameters() if (".lora_" in n or ".adapter." in n) and n not in names]

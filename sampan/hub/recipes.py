@@ -72,6 +72,8 @@ class TaskSettings:
     augment_mentions: int = 0  # ner: mention-replaced copies of each training sentence (sampan.finetune.augment)
     augment_types: str = ""  # the entity types those copies swap ("" = all)
     tag_transitions: bool = True  # ner: decode with the training tags' bigram prior, weighted on dev
+    pooling: str = "cls"  # sentiment: classify from [CLS] ("cls") or the mean of the tokens ("mean")
+    dropout: float = 0.0  # while fine-tuning (ernie-tiny-zh was pretrained without)
     seed: int = 0
 
 
@@ -288,7 +290,8 @@ def _build_task(task: str, name: str) -> Callable[[TaskSettings, Path, Callable[
                              embedding_lora_rank=settings.embedding_lora_rank,
                              embedding_lora_alpha=settings.embedding_lora_alpha, eval_steps=settings.eval_steps,
                              augment_mentions=settings.augment_mentions, augment_types=settings.augment_types,
-                             tag_transitions=settings.tag_transitions)
+                             tag_transitions=settings.tag_transitions, pooling=settings.pooling,
+                             dropout=settings.dropout)
         log(f"hub: fine-tuning {settings.base} for {task} ({settings.method}, {settings.steps} steps)")
         result = finetune(cfg)
         for item in run_dir.iterdir():

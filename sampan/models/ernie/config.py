@@ -31,6 +31,11 @@ class ErnieConfig(ModelConfig):
         pad_token_id: id of [PAD]; when no attention_mask is given, positions holding it are masked.
         num_labels: classes of the sequence / token classification heads.
         classifier_dropout: dropout before the classifiers (None: use ``dropout``).
+        classifier_pooling: how the sequence classifier reduces the tokens to one vector:
+            "cls" (BERT's tanh pooler over [CLS]) or "mean" (the mean of the last hidden states
+            over the real tokens, no pooler). The pooler is trained by next-sentence prediction
+            in BERT; a base pretrained by MLM alone leaves it random and [CLS] has learned
+            nothing to summarise, so "mean" starts fine-tuning from every token's features.
         pre_norm: normalise before each residual branch and once after the last block (GPT-2
             style) instead of after each residual sum (BERT / ERNIE 1.0). Post-norm is the default
             so BERT checkpoints load unchanged; pre-norm leaves the unigram plateau of MLM
@@ -56,6 +61,7 @@ class ErnieConfig(ModelConfig):
     pad_token_id: int | None = 0
     num_labels: int = 2
     classifier_dropout: float | None = None
+    classifier_pooling: str = "cls"
     pre_norm: bool = False
 
     model_type: ClassVar[str] = "ernie"
@@ -71,6 +77,8 @@ class ErnieConfig(ModelConfig):
         if self.classifier_dropout is not None:
             self._probability("classifier_dropout")
         check_activation(self.activation)
+        if self.classifier_pooling not in ("cls", "mean"):
+            raise ValueError(f"ErnieConfig.classifier_pooling must be 'cls' or 'mean', got {self.classifier_pooling!r}")
         if self.intermediate_size == 0:
             self.intermediate_size = 4 * self.hidden_size
         self._positive_float("layer_norm_eps")
@@ -90,7 +98,8 @@ class ErnieConfig(ModelConfig):
 
         "none" is the bare encoder with its pooler (what bert-base-chinese's ``BertModel`` holds);
         the MLM head adds a transform layer and an output bias (its weight is tied to the input
-        embedding); the token classifier, like BERT's, has no pooler.
+        embedding); the token classifier, like BERT's, has no pooler, nor has the sequence
+        classifier with ``classifier_pooling="mean"``.
         """
         head = self._check_head(head)
         h = self.hidden_size
@@ -102,7 +111,7 @@ class ErnieConfig(ModelConfig):
             return encoder + (h * h + h) + 2 * h + self.vocab_size
         classifier = h * self.num_labels + self.num_labels
         if head == "sequence_classification":
-            return encoder + pooler + classifier
+            return encoder + (pooler if self.classifier_pooling == "cls" else 0) + classifier
         return encoder + classifier
 
     def flops_per_token(self, seq_len: int) -> int:

@@ -141,7 +141,8 @@ class ErnieForMaskedLM(Layer, PretrainedModel):
 
 
 class ErnieForSequenceClassification(Layer, PretrainedModel):
-    """Sentence classification from the pooled [CLS] vector (regression when ``num_labels == 1``)."""
+    """Sentence classification from the pooled [CLS] vector, or the mean over the real tokens
+    (``config.classifier_pooling``); regression when ``num_labels == 1``."""
 
     config_class = ErnieConfig
     head = "sequence_classification"
@@ -149,7 +150,7 @@ class ErnieForSequenceClassification(Layer, PretrainedModel):
     def __init__(self, config: ErnieConfig):
         super().__init__()
         self.config = config
-        self.ernie = ErnieModel(config, add_pooler=True)
+        self.ernie = ErnieModel(config, add_pooler=config.classifier_pooling == "cls")
         p = config.dropout if config.classifier_dropout is None else config.classifier_dropout
         self.dropout = nn.Dropout(p)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
@@ -158,7 +159,16 @@ class ErnieForSequenceClassification(Layer, PretrainedModel):
     def forward(self, input_ids: torch.Tensor, token_type_ids=None, attention_mask=None, position_ids=None,
                 labels: torch.Tensor | None = None, **features: torch.Tensor | None) -> torch.Tensor:
         """Logits ``[b, num_labels]``, or with ``labels [b]`` the cross-entropy (MSE for one label)."""
-        _, pooled = self.ernie(input_ids, token_type_ids, attention_mask, position_ids, **features)
+        hidden, pooled = self.ernie(input_ids, token_type_ids, attention_mask, position_ids, **features)
+        if pooled is None:  # classifier_pooling == "mean": the real tokens ([CLS] / [SEP] included)
+            if attention_mask is not None:
+                keep = attention_mask
+            elif self.config.pad_token_id is not None:
+                keep = input_ids != self.config.pad_token_id
+            else:
+                keep = torch.ones_like(input_ids)
+            keep = keep.unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1.0)
         logits = self.classifier(self.dropout(pooled))
         if labels is None:
             return logits
