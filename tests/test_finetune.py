@@ -238,6 +238,7 @@ def test_tag_bigram_prior_counts_training_tags_and_joins_a_name_the_scores_alone
         TagTransitions.from_dict(weighted.to_dict(), NER_LABELS)
     with pytest.raises(ValueError, match="must hold 'start'"):
         TagTransitions.from_dict({"follow": []}, labels)
+    assert TagTransitions.from_task_meta({"labels": labels}, labels) is None  # a model made without one
 
 
 def test_span_f1_on_hand_made_cases():
@@ -608,7 +609,7 @@ def test_cli_finetune_ner_with_embedding_lora_and_mention_replacement(base_dir, 
     assert meta["method_args"]["embedding_lora_rank"] == 4
     # The tag-bigram prior: its weight was picked among the tried ones by dev F1, and the test
     # figures without it are kept beside the ones with it.
-    prior = TagTransitions.from_dict(meta["tag_transitions"], meta["labels"])
+    prior = TagTransitions.from_task_meta(meta, meta["labels"])
     search = {float(w): f1 for w, f1 in meta["tag_transition_search"].items()}
     assert prior.weight in search and search[prior.weight] == max(search.values())
     assert meta["dev_metrics"]["f1"] == pytest.approx(search[prior.weight], abs=1e-6)

@@ -144,6 +144,7 @@ def test_hub_evaluate_rescores_a_task_model_and_bio_decoding_beats_argmax(home):
     bio = score("ner", test, encoded, logits, meta["labels"])  # Viterbi, no prior
     assert meta["tag_transitions"]["weight"] > 0
     assert metrics["f1"] > bio["f1"] > argmax["f1"], (metrics["f1"], bio["f1"], argmax["f1"])
+    assert metrics["f1"] > argmax["f1"] + 0.05, (metrics["f1"], argmax["f1"])  # the decoding as shipped
     print(f"200 test sentences: arg-max {argmax['f1']:.4f}, BIO {bio['f1']:.4f}, with the prior {metrics['f1']:.4f}")
 
     card_before = json.loads((home / "models" / "ernie-tiny-ner" / "card.json").read_text(encoding="utf-8"))

@@ -9,6 +9,7 @@ its first character falls in (B- when it starts the entity, I- inside it). Speci
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -113,6 +114,18 @@ class TagTransitions:
     def with_weight(self, weight: float) -> TagTransitions:
         return dataclasses.replace(self, weight=float(weight))
 
+    @functools.cached_property
+    def scaled(self) -> tuple[np.ndarray, np.ndarray]:
+        """``weight * start`` and ``weight * follow`` as arrays, built once (Viterbi runs per sentence)."""
+        return (self.weight * np.asarray(self.start, dtype=np.float64),
+                self.weight * np.asarray(self.follow, dtype=np.float64))
+
+    @classmethod
+    def from_task_meta(cls, meta: dict[str, Any], labels: Sequence[str]) -> TagTransitions | None:
+        """The prior a fine-tune stored in ``task.json`` (``tag_transitions``), or None when it has none."""
+        stored = meta.get("tag_transitions")
+        return cls.from_dict(stored, labels) if stored else None
+
     def to_dict(self) -> dict[str, Any]:
         return {"weight": self.weight, "start": [round(v, 6) for v in self.start],
                 "follow": [[round(v, 6) for v in row] for row in self.follow]}
@@ -181,8 +194,7 @@ def viterbi_bio(scores, labels: Sequence[str], valid: Sequence[bool] | None = No
     logp = scores[rows] - np.logaddexp.reduce(scores[rows], axis=1, keepdims=True)
     prior_start, prior_follow = np.zeros(len(labels)), np.zeros((len(labels), len(labels)))
     if transitions is not None and transitions.weight:
-        prior_start = transitions.weight * np.asarray(transitions.start, dtype=np.float64)
-        prior_follow = transitions.weight * np.asarray(transitions.follow, dtype=np.float64)
+        prior_start, prior_follow = transitions.scaled
         if prior_follow.shape != (len(labels), len(labels)):
             raise ValueError(f"transitions are for {prior_follow.shape[0]} labels, the scores for {len(labels)}")
     penalty = np.where(follow, prior_follow, -np.inf)  # [prev, next]

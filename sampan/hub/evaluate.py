@@ -45,8 +45,7 @@ def evaluate_model(name: str, max_examples: int = 0) -> dict[str, Any]:
     features = CharFeatures.load(directory / FEATURES_FILE) if meta.get("features") else None
     collator = PadCollator(features, meta.get("features") or ())
     encoded = encode_examples(tokenizer, data.test, meta["task"], data.labels, meta["max_length"])
-    prior = meta.get("tag_transitions")
-    transitions = TagTransitions.from_dict(prior, data.labels) if prior else None
+    transitions = TagTransitions.from_task_meta(meta, data.labels)
     return evaluate_examples(model, meta["task"], data.test, encoded, data.labels, collator, transitions=transitions)
 
 

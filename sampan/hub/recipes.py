@@ -73,7 +73,7 @@ class TaskSettings:
     augment_types: str = ""  # the entity types those copies swap ("" = all)
     tag_transitions: bool = True  # ner: decode with the training tags' bigram prior, weighted on dev
     pooling: str = "cls"  # sentiment: classify from [CLS] ("cls") or the mean of the tokens ("mean")
-    dropout: float = 0.0  # while fine-tuning (ernie-tiny-zh was pretrained without)
+    dropout: float = -1.0  # while fine-tuning; < 0 keeps the base's (ernie-tiny-zh has 0.0)
     seed: int = 0
 
 
@@ -291,7 +291,7 @@ def _build_task(task: str, name: str) -> Callable[[TaskSettings, Path, Callable[
                              embedding_lora_alpha=settings.embedding_lora_alpha, eval_steps=settings.eval_steps,
                              augment_mentions=settings.augment_mentions, augment_types=settings.augment_types,
                              tag_transitions=settings.tag_transitions, pooling=settings.pooling,
-                             dropout=settings.dropout)
+                             dropout=None if settings.dropout < 0 else settings.dropout)
         log(f"hub: fine-tuning {settings.base} for {task} ({settings.method}, {settings.steps} steps)")
         result = finetune(cfg)
         for item in run_dir.iterdir():

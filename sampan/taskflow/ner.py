@@ -39,8 +39,7 @@ class NER(Task):
 
         # The tag-bigram prior the fine-tune picked on dev (absent in models made before it, or
         # with --no-tag-transitions): decoding here must match what the card's figures measured.
-        prior = self.loaded.task_meta.get("tag_transitions")
-        self.transitions = TagTransitions.from_dict(prior, self.labels) if prior else None
+        self.transitions = TagTransitions.from_task_meta(self.loaded.task_meta, self.labels)
 
     def _preprocess(self, texts: list[str]) -> _Windows:
         pieces = [(i, s, e) for i, text in enumerate(texts) for s, e in windows(text, self.max_length - 2)]
