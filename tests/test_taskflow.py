@@ -246,6 +246,7 @@ def test_tasks_benchmark_quick(sampan_home, tmp_path):
     sent = r["sentiment"]
     assert max(sent["sampan_accuracy"], sent["baseline_accuracy"]) <= sent["either_correct"] <= 1
     assert all(row["label"] in ("positive", "negative") and row["text"] for row in sent["both_wrong_sample"])
+    assert 0 <= sent["truncated_reviews"] < sent["test_examples"]
     assert {"PER", "LOC", "micro"} <= set(r["ner"]["sampan"]) and {"PER", "LOC"} <= set(r["ner"]["lac"])
     arms = r["lora_vs_full"]
     assert arms["lora"]["trainable_parameters"] < arms["full_frozen"]["trainable_parameters"] < \
