@@ -129,6 +129,34 @@ def test_ernie_eager_equals_onnxruntime_equals_torch(ernie, ernie_predictor, bat
     assert np.abs(unmasked[-1] - ort_out[-1]).max() > 1e-4
 
 
+def test_onnxruntime_fusions_apply_and_compute_the_same(ernie, ernie_predictor, monkeypatch):
+    """By default the ONNX Runtime session runs the graph with onnxscript's fusions (attention,
+    skip + layer norm, bias + GELU as ORT kernels); ``fuse=False`` runs it as exported. Both give
+    the same logits, and a failing rewrite falls back to the exported graph with a warning."""
+    fusions = ernie_predictor.fusions
+    assert fusions.get("attention") == TINY["num_layers"], fusions  # one fused Attention per block
+    assert fusions.get("skip_layer_normalization", 0) >= 1 and fusions.get("bias_gelu") == TINY["num_layers"]
+    plain = create_predictor(Config(ernie["dir"], fuse=False))
+    assert plain.fusions == {}
+    ids, mask = _ids(3, 17), _mask(3, 17)
+    fused_out, = ernie_predictor.run([ids, mask])
+    plain_out, = plain.run([ids, mask])
+    np.testing.assert_allclose(fused_out, plain_out, atol=1e-5, rtol=0)
+    assert create_predictor(Config(ernie["dir"], backend="torch")).fusions == {}
+
+    import sampan.inference.backends as backends
+
+    def broken(path):
+        raise RuntimeError("no pattern today")
+
+    monkeypatch.setattr(backends, "fused_for_ort", broken)
+    with pytest.warns(UserWarning, match=r"fusions failed on inference.onnx \(RuntimeError: no pattern today\); "
+                                         r"running the graph as exported \(Config\(fuse=False\)"):
+        fallback = create_predictor(Config(ernie["dir"]))
+    assert fallback.fusions == {}
+    np.testing.assert_allclose(fallback.run([ids, mask])[0], plain_out, atol=1e-6, rtol=0)
+
+
 @pytest.mark.parametrize("batch,seq", SHAPES)
 def test_gpt_eager_equals_onnxruntime_equals_torch(gpt, batch, seq):
     ids = _ids(batch, seq, seed=seq)
@@ -246,6 +274,8 @@ def test_config_errors_name_the_fix(ernie, tmp_path):
         Config(ernie["dir"], backend="torch", precision="int8")
     with pytest.raises(ValueError, match="num_threads must be a positive int or None"):
         Config(ernie["dir"], num_threads=0)
+    with pytest.raises(ValueError, match="fuse must be True or False, got 'yes'"):
+        Config(ernie["dir"], fuse="yes")
 
 
 def test_paddle_style_setters(ernie):

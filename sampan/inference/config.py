@@ -30,12 +30,16 @@ class Config:
             torch's own pool (``torch.set_num_threads``), which is process-wide, so it is not set here.
         precision: "fp32", or "int8": weights dynamically quantized to int8 by ONNX Runtime
             (onnxruntime backend only), made once into ``inference.int8.onnx`` and reused.
+        fuse: onnxruntime backend: rewrite the graph with onnxscript's ONNX Runtime fusions
+            (``Attention``, ``SkipLayerNormalization``, ``BiasGelu``) when the session is made; the
+            file on disk is not changed. False runs the graph exactly as exported.
     """
 
     model_dir: str | os.PathLike[str]
     backend: str = "onnxruntime"
     num_threads: int | None = None
     precision: str = "fp32"
+    fuse: bool = True
 
     def __post_init__(self) -> None:
         self.model_dir = Path(self.model_dir)
@@ -72,6 +76,8 @@ class Config:
             raise ValueError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
+        if not isinstance(self.fuse, bool):
+            raise ValueError(f"fuse must be True or False, got {self.fuse!r}")
         if self.precision == "int8" and self.backend != "onnxruntime":
             raise ValueError("precision='int8' runs on ONNX Runtime's integer kernels: use backend='onnxruntime'")
         if self.num_threads is not None and (isinstance(self.num_threads, bool) or not isinstance(self.num_threads, int)

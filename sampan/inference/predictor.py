@@ -78,9 +78,15 @@ class Predictor:
             self._backend: OnnxRuntimeBackend | TorchBackend = TorchBackend(config.model_dir / MODEL_PREFIX)
         else:
             self.model_path = int8_model_path(config.onnx_path) if config.precision == "int8" else config.onnx_path
-            self._backend = OnnxRuntimeBackend(self.model_path, input_names, config.num_threads)
+            self._backend = OnnxRuntimeBackend(self.model_path, input_names, config.num_threads, config.fuse)
         self._inputs = {s.name: InputHandle(s) for s in self._input_specs}
         self._outputs = {n: OutputHandle(n) for n in self._output_names}
+
+    @property
+    def fusions(self) -> dict[str, int]:
+        """ONNX Runtime fusions applied to the graph at load, by kind (``Config.fuse``); empty on the
+        torch backend, with ``fuse=False``, or when none matched."""
+        return dict(getattr(self._backend, "fusions", {}))
 
     def get_input_names(self) -> list[str]:
         return [s.name for s in self._input_specs]
