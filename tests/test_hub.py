@@ -52,6 +52,21 @@ def test_user_builds_override_shipped_models(home):
     assert set(SHIPPED) <= set(listed)
 
 
+def test_hub_list_shows_each_cards_scores_and_json_every_figure(home, capsys):
+    """The table row keeps a card's scores (F1, accuracy, perplexity) and drops losses, supports
+    and precision / recall parts; ``--json`` keeps every figure."""
+    from sampan.cli import main as cli_main
+    from sampan.hub.command import headline_metrics
+
+    ner = json.loads((SHIPPED_DIR / "ernie-tiny-ner" / "card.json").read_text(encoding="utf-8"))["metrics"]
+    shown = headline_metrics(ner)
+    assert shown.startswith(f"test_f1={ner['test_f1']:.3g}") and "test_PER_f1=" in shown and "test_LOC_f1=" in shown
+    assert "loss" not in shown and "support" not in shown and "precision" not in shown and "parameters" not in shown
+    assert cli_main(["hub", "list", "--json"]) == 0
+    listed = {m["name"]: m for m in json.loads(capsys.readouterr().out)["models"]}
+    assert listed["ernie-tiny-ner"]["metrics"] == ner  # every figure, the losses included
+
+
 def test_missing_models_name_the_command_that_builds_them(home, monkeypatch):
     monkeypatch.setattr("sampan.hub.store.SHIPPED_DIR", home / "nothing-shipped")
     with pytest.raises(ModelNotFoundError, match="sampan hub build gpt-zh"):

@@ -6,6 +6,16 @@ import argparse
 import json
 import sys
 
+# The figures a table row has room for: the scores, not their losses, supports or precision /
+# recall parts (``--json`` prints every figure of every card).
+_HEADLINE_SUFFIXES = ("f1", "accuracy", "perplexity")
+
+
+def headline_metrics(metrics: dict[str, object]) -> str:
+    """A card's scores for ``sampan hub list``: ``test_f1=0.924, test_PER_f1=0.911, ...``."""
+    return ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                     for k, v in metrics.items() if k.endswith(_HEADLINE_SUFFIXES))
+
 
 def _cmd_hub_list(args: argparse.Namespace) -> int:
     from sampan import hub
@@ -18,14 +28,13 @@ def _cmd_hub_list(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"sampan model store (built: {hub.home() / 'models'}; shipped: sampan/hub/models)")
+    table = Table(title=f"sampan model store (built: {hub.home() / 'models'}; shipped: sampan/hub/models)",
+                  caption="every figure of every card: sampan hub list --json")
     for col in ("name", "task", "metrics", "where"):
         table.add_column(col)
     stored = {m["name"] for m in listing["models"]}
     for m in listing["models"]:
-        figures = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
-                            for k, v in m["metrics"].items() if "parameters" not in k)
-        table.add_row(m["name"], m["task"], figures, m["path"])
+        table.add_row(m["name"], m["task"], headline_metrics(m["metrics"]), m["path"])
     for name in sorted(set(RECIPES) - stored):
         table.add_row(name, RECIPES[name].task, "", f"not built: sampan hub build {name}")
     Console().print(table)
