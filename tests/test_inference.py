@@ -292,6 +292,11 @@ def test_paddle_style_setters(ernie):
     with pytest.raises(ValueError, match="unknown backend 'tvm'"):
         config.switch_backend("tvm")
     assert config.backend == "onnxruntime"
+    config.switch_ir_optim(False)
+    assert config.fuse is False
+    with pytest.raises(ValueError, match="fuse must be True or False"):
+        config.switch_ir_optim("off")
+    assert config.fuse is False
 
 
 # --- int8 ---------------------------------------------------------------------------------------------

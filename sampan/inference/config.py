@@ -104,6 +104,10 @@ class Config:
         """"onnxruntime" or "torch"; ``backend=``."""
         self._set(backend=backend)
 
+    def switch_ir_optim(self, enabled: bool = True) -> None:
+        """Paddle's switch for graph-level fusion passes; here onnxscript's ONNX Runtime fusions, ``fuse=``."""
+        self._set(fuse=enabled)
+
     def _set(self, **changes: Any) -> None:
         old = {k: getattr(self, k) for k in changes}
         for k, v in changes.items():
