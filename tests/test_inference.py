@@ -129,7 +129,7 @@ def test_ernie_eager_equals_onnxruntime_equals_torch(ernie, ernie_predictor, bat
     assert np.abs(unmasked[-1] - ort_out[-1]).max() > 1e-4
 
 
-def test_onnxruntime_fusions_apply_and_compute_the_same(ernie, ernie_predictor, monkeypatch):
+def test_onnxruntime_fusions_apply_and_compute_the_same(ernie, ernie_predictor, gpt, monkeypatch):
     """By default the ONNX Runtime session runs the graph with onnxscript's fusions (attention,
     skip + layer norm, bias + GELU as ORT kernels); ``fuse=False`` runs it as exported. Both give
     the same logits, and a failing rewrite falls back to the exported graph with a warning."""
@@ -143,6 +143,9 @@ def test_onnxruntime_fusions_apply_and_compute_the_same(ernie, ernie_predictor, 
     plain_out, = plain.run([ids, mask])
     np.testing.assert_allclose(fused_out, plain_out, atol=1e-5, rtol=0)
     assert create_predictor(Config(ernie["dir"], backend="torch")).fusions == {}
+    # GPT's causal attention becomes MultiHeadAttention ("mha2"), beside the skip + layer norms.
+    gpt_fusions = create_predictor(Config(gpt["dir"])).fusions
+    assert gpt_fusions.get("mha2") == TINY["num_layers"] and gpt_fusions.get("skip_layer_normalization", 0) >= 1
 
     import sampan.inference.backends as backends
 

@@ -85,7 +85,9 @@ def test_bad_inputs_are_clear_value_errors(sentiment, bad, message):
 
 def test_over_long_text_is_truncated_with_a_warning(sentiment):
     text = "服务很好。" * 60
-    with pytest.warns(UserWarning, match=r"text \[0\] has \d+ tokens; only the first 126"):
+    from sampan.taskflow.encoding import TruncationWarning
+
+    with pytest.warns(TruncationWarning, match=r"text \[0\] has \d+ tokens; only the first 126"):
         out = sentiment(text)
     assert out[0]["text"] == text and out[0]["label"] in ("positive", "negative")
 
@@ -231,7 +233,7 @@ def test_readme_snippets_run_in_a_fresh_process(sampan_home):
     assert re.search(r"[\u4e00-\u9fff]", lines[1])
 
 
-def test_tasks_benchmark_quick(sampan_home, tmp_path):
+def test_tasks_benchmark_quick(sampan_home, sentiment, tmp_path):
     """benchmarks/tasks.py --quick runs every section and writes the figures the README table reads."""
     import json
     import os
@@ -246,7 +248,13 @@ def test_tasks_benchmark_quick(sampan_home, tmp_path):
     sent = r["sentiment"]
     assert max(sent["sampan_accuracy"], sent["baseline_accuracy"]) <= sent["either_correct"] <= 1
     assert all(row["label"] in ("positive", "negative") and row["text"] for row in sent["both_wrong_sample"])
-    assert 0 <= sent["truncated_reviews"] < sent["test_examples"]
+    # The count is the reviews whose tokens overflow the model's window, counted here directly.
+    from sampan.finetune.data import load_task_data
+
+    texts = [ex.text for ex in load_task_data("sentiment_analysis").test[:sent["test_examples"]]]
+    task = sentiment.task
+    overflow = sum(len(e.ids) > task.max_length for e in task.loaded.tokenizer.encode_batch(texts))
+    assert sent["truncated_reviews"] == overflow
     assert {"PER", "LOC", "micro"} <= set(r["ner"]["sampan"]) and {"PER", "LOC"} <= set(r["ner"]["lac"])
     arms = r["lora_vs_full"]
     assert arms["lora"]["trainable_parameters"] < arms["full_frozen"]["trainable_parameters"] < \

@@ -102,8 +102,8 @@ class SentimentSettings(TaskSettings):
     learning_rate: float = 3e-4
     freeze: str = FROZEN_EMBEDDINGS + ",ernie.layers.0."
     embedding_lora_rank: int = 32
-    eval_steps: int = 300  # dev is 1,439 reviews (about 10 s to score): four looks for the best step
-    # (from the 4,000-step base the best dev step was 900, between the 600-step looks)
+    eval_steps: int = 300  # four looks at the 1,439 dev reviews for the best step (from the
+    # 4,000-step base the best dev step was 900, between the 600-step looks)
 
 
 @dataclasses.dataclass

@@ -24,6 +24,11 @@ class EncodedBatch:
     lengths: list[int]
 
 
+class TruncationWarning(UserWarning):
+    """A text was longer than the model's window and only its head was used (filter it with
+    ``warnings.simplefilter("ignore", TruncationWarning)``, or count it, as benchmarks/tasks.py does)."""
+
+
 def encode_texts(tokenizer: ChineseTokenizer, texts: list[str], max_length: int, *,
                  warn_truncation: bool = True) -> EncodedBatch:
     """Encode ``texts`` with ``[CLS] ... [SEP]``, truncated to ``max_length`` tokens, right-padded.
@@ -39,7 +44,7 @@ def encode_texts(tokenizer: ChineseTokenizer, texts: list[str], max_length: int,
         if len(ids) > max_length:
             if warn_truncation:
                 warnings.warn(f"text [{i}] has {len(ids) - 2} tokens; only the first {max_length - 2} are used "
-                              f"(max_length={max_length})", stacklevel=3)
+                              f"(max_length={max_length})", TruncationWarning, stacklevel=3)
             ids = ids[: max_length - 1] + [ids[-1]]
             offs = offs[: max_length - 1] + [(0, 0)]
         rows.append(ids)

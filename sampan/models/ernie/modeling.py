@@ -27,6 +27,16 @@ class ErniePooler(Layer):
         return torch.tanh(self.dense(hidden[:, 0]))
 
 
+def real_tokens(input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                pad_token_id: int | None) -> torch.Tensor | None:
+    """Which positions hold real tokens: ``attention_mask`` when given, else the positions not
+    holding ``pad_token_id`` (as in Paddle's ERNIE); None when every position is real."""
+    if attention_mask is not None or pad_token_id is None:
+        return attention_mask
+    pad = input_ids == pad_token_id
+    return ~pad if bool(pad.any()) else None
+
+
 class ErnieModel(Layer, PretrainedModel):
     """The encoder: returns ``(sequence_output [b, s, h], pooled_output [b, h] | None)``."""
 
@@ -70,9 +80,7 @@ class ErnieModel(Layer, PretrainedModel):
         ``attention_mask [b, s]`` is 1 for real tokens and 0 for padding; when omitted, positions
         holding ``config.pad_token_id`` are masked (as in Paddle's ERNIE).
         """
-        if attention_mask is None and self.config.pad_token_id is not None:
-            pad = input_ids == self.config.pad_token_id
-            attention_mask = ~pad if bool(pad.any()) else None
+        attention_mask = real_tokens(input_ids, attention_mask, self.config.pad_token_id)
         features = {name: ids for name, ids in
                     (("pinyin", pinyin_ids), ("radical", radical_ids), ("stroke", stroke_ids)) if ids is not None}
         x = self.embeddings(input_ids, token_type_ids, position_ids, features)
@@ -161,14 +169,12 @@ class ErnieForSequenceClassification(Layer, PretrainedModel):
         """Logits ``[b, num_labels]``, or with ``labels [b]`` the cross-entropy (MSE for one label)."""
         hidden, pooled = self.ernie(input_ids, token_type_ids, attention_mask, position_ids, **features)
         if pooled is None:  # classifier_pooling == "mean": the real tokens ([CLS] / [SEP] included)
-            if attention_mask is not None:
-                keep = attention_mask
-            elif self.config.pad_token_id is not None:
-                keep = input_ids != self.config.pad_token_id
+            keep = real_tokens(input_ids, attention_mask, self.config.pad_token_id)
+            if keep is None:
+                pooled = hidden.mean(dim=1)
             else:
-                keep = torch.ones_like(input_ids)
-            keep = keep.unsqueeze(-1).to(hidden.dtype)
-            pooled = (hidden * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1.0)
+                keep = keep.unsqueeze(-1).to(hidden.dtype)
+                pooled = (hidden * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1.0)
         logits = self.classifier(self.dropout(pooled))
         if labels is None:
             return logits
