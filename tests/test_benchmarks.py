@@ -117,3 +117,26 @@ def test_batching_quick_measures_padding_and_packing(tmp_path):
     packed = result["packing"]
     assert packed["packed"]["rows"] < packed["unpacked"]["rows"]
     assert packed["packed"]["text_share"] > packed["unpacked"]["text_share"]
+
+
+def test_paired_accuracy_difference():
+    """The paired bootstrap: identical verdicts give exactly 0; a system right on 30 more of 100
+    examples differs by +0.30 with an interval around it that excludes 0; bad input is refused."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from _paired import paired_accuracy_difference
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    same = [True, False] * 50
+    r = paired_accuracy_difference(same, same)
+    assert r["difference"] == 0 and r["ci95"] == [0.0, 0.0] and r["only_a_correct"] == r["only_b_correct"] == 0
+    a = [True] * 80 + [False] * 20
+    b = [True] * 50 + [False] * 50
+    r = paired_accuracy_difference(a, b, resamples=500)
+    assert r["difference"] == pytest.approx(0.30) and r["only_a_correct"] == 30 and r["only_b_correct"] == 0
+    assert 0 < r["ci95"][0] < 0.30 < r["ci95"][1] < 0.45
+    assert paired_accuracy_difference(b, a, resamples=500)["ci95"][1] < 0
+    with pytest.raises(ValueError, match="equal-length"):
+        paired_accuracy_difference([True], [True, False])
+    with pytest.raises(ValueError, match="resamples"):
+        paired_accuracy_difference([True], [True], resamples=0)

@@ -248,6 +248,13 @@ def test_tasks_benchmark_quick(sampan_home, sentiment, tmp_path):
     sent = r["sentiment"]
     assert max(sent["sampan_accuracy"], sent["baseline_accuracy"]) <= sent["either_correct"] <= 1
     assert all(row["label"] in ("positive", "negative") and row["text"] for row in sent["both_wrong_sample"])
+    # The paired difference is the two accuracies' difference, and its discordant counts add up to it.
+    diff = sent["sampan_minus_baseline"]
+    assert diff["difference"] == pytest.approx(sent["sampan_accuracy"] - sent["baseline_accuracy"])
+    assert (diff["only_a_correct"] - diff["only_b_correct"]) == round(diff["difference"] * sent["test_examples"])
+    assert diff["ci95"][0] <= diff["difference"] <= diff["ci95"][1]
+    assert {"char_1_3_linear_svm", "word_1_2_plus_char_1_3_lr", "sampan_baseline_average"} == set(sent["references"])
+    assert all(0.5 <= ref["accuracy"] <= 1 for ref in sent["references"].values())
     # The count is the reviews whose tokens overflow the model's window, counted here directly.
     from sampan.finetune.data import load_task_data
 
