@@ -89,8 +89,9 @@ def test_cli_export_writes_the_directory_with_companion_files(ernie):
     printed = json.loads(ernie["stdout"])
     assert printed["inputs"] == ["input_ids", "attention_mask"] and printed["outputs"] == ["logits"]
     names = sorted(p.name for p in ernie["dir"].iterdir())
-    assert names == ["config.json", "inference.json", "inference.onnx", "inference.pt2", "task.json",
-                     "tokenizer.json"]
+    # inference.ort.onnx: the ORT-fused graph, made while the export was verified against the eager model
+    assert names == ["config.json", "inference.json", "inference.onnx", "inference.ort.onnx", "inference.pt2",
+                     "task.json", "tokenizer.json"]
     assert printed["files"] == names
     assert (ernie["dir"] / "task.json").read_text() == '{"task": "sentiment_analysis"}'
     meta = json.loads((ernie["dir"] / "inference.json").read_text())
@@ -129,7 +130,7 @@ def test_ernie_eager_equals_onnxruntime_equals_torch(ernie, ernie_predictor, bat
     assert np.abs(unmasked[-1] - ort_out[-1]).max() > 1e-4
 
 
-def test_onnxruntime_fusions_apply_and_compute_the_same(ernie, ernie_predictor, gpt, monkeypatch):
+def test_onnxruntime_fusions_apply_and_compute_the_same(ernie, ernie_predictor, gpt):
     """By default the ONNX Runtime session runs the graph with onnxscript's fusions (attention,
     skip + layer norm, bias + GELU as ORT kernels); ``fuse=False`` runs it as exported. Both give
     the same logits, and a failing rewrite falls back to the exported graph with a warning."""
@@ -147,18 +148,6 @@ def test_onnxruntime_fusions_apply_and_compute_the_same(ernie, ernie_predictor, 
     gpt_fusions = create_predictor(Config(gpt["dir"])).fusions
     assert gpt_fusions.get("mha2") == TINY["num_layers"] and gpt_fusions.get("skip_layer_normalization", 0) >= 1
 
-    import sampan.inference.backends as backends
-
-    def broken(path):
-        raise RuntimeError("no pattern today")
-
-    monkeypatch.setattr(backends, "fused_for_ort", broken)
-    with pytest.warns(UserWarning, match=r"fusions failed on inference.onnx \(RuntimeError: no pattern today\); "
-                                         r"running the graph as exported \(Config\(fuse=False\)"):
-        fallback = create_predictor(Config(ernie["dir"]))
-    assert fallback.fusions == {}
-    np.testing.assert_allclose(fallback.run([ids, mask])[0], plain_out, atol=1e-6, rtol=0)
-
 
 @pytest.mark.parametrize("batch,seq", SHAPES)
 def test_gpt_eager_equals_onnxruntime_equals_torch(gpt, batch, seq):
@@ -169,6 +158,74 @@ def test_gpt_eager_equals_onnxruntime_equals_torch(gpt, batch, seq):
     np.testing.assert_allclose(outs[0], expected, atol=1e-4, rtol=0)
     np.testing.assert_allclose(outs[1], expected, atol=1e-4, rtol=0)
     np.testing.assert_allclose(outs[0], outs[1], atol=1e-5, rtol=0)
+
+
+
+def _broken_rewriter(path):
+    raise RuntimeError("no pattern today")
+
+
+def _fresh_copy(export_dir: Path, to: Path) -> Path:
+    to.mkdir()
+    for name in ("inference.json", "inference.onnx", "inference.pt2"):
+        shutil.copy(export_dir / name, to / name)
+    return to
+
+
+def test_a_failing_rewrite_falls_back_to_the_exported_graph(ernie, ernie_predictor, tmp_path, monkeypatch):
+    import sampan.inference.fused as fused
+
+    monkeypatch.setattr(fused, "fused_for_ort", _broken_rewriter)
+    fresh = _fresh_copy(ernie["dir"], tmp_path / "fresh")  # nothing cached yet
+    with pytest.warns(UserWarning, match=r"fusions failed on inference.onnx \(RuntimeError: no pattern today\); "
+                                         r"running the graph as exported \(Config\(fuse=False\)"):
+        fallback = create_predictor(Config(fresh))
+    assert fallback.fusions == {}
+    assert sorted(p.name for p in fresh.iterdir()) == ["inference.json", "inference.onnx", "inference.pt2"]
+    ids, mask = _ids(2, 7), _mask(2, 7)
+    plain_out, = create_predictor(Config(fresh, fuse=False)).run([ids, mask])
+    np.testing.assert_allclose(fallback.run([ids, mask])[0], plain_out, atol=1e-6, rtol=0)
+
+
+def test_the_fused_graph_is_made_once_and_remade_when_stale(ernie, ernie_predictor, tmp_path, monkeypatch):
+    """The first load writes inference.ort.onnx beside the export; later loads reuse it without
+    running the rewriter; a newer export or another onnxscript version makes it again."""
+    import warnings
+
+    import sampan.inference.backends as backends
+    import sampan.inference.fused as fused
+
+    export = _fresh_copy(ernie["dir"], tmp_path / "export")
+    first = create_predictor(Config(export))
+    cached = export / "inference.ort.onnx"
+    assert cached.is_file() and first.fusions == ernie_predictor.fusions and first.fusions
+    made = cached.stat().st_mtime_ns
+    monkeypatch.setattr(fused, "fused_for_ort", _broken_rewriter)  # a rewrite now would fail loudly
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again = create_predictor(Config(export))
+    assert again.fusions == first.fusions and cached.stat().st_mtime_ns == made
+    ids, mask = _ids(3, 9), _mask(3, 9)
+    np.testing.assert_array_equal(again.run([ids, mask])[0], first.run([ids, mask])[0])
+    monkeypatch.undo()
+
+    # Another onnxscript version: remade, and the new file records that version.
+    monkeypatch.setattr(fused, "onnxscript_version", lambda: "9.9.9")
+    monkeypatch.setattr(backends, "onnxscript_version", lambda: "9.9.9")
+    other = create_predictor(Config(export))
+    assert other.fusions == first.fusions and cached.stat().st_mtime_ns != made
+    import onnx
+
+    meta = {p.key: p.value for p in onnx.load(str(cached), load_external_data=False).metadata_props}
+    assert meta[fused.VERSION_KEY] == "9.9.9"
+    monkeypatch.undo()
+
+    # A newer export: the fused file is older than its source, so it is made again.
+    later = cached.stat().st_mtime + 10
+    os.utime(export / "inference.onnx", (later, later))
+    monkeypatch.setattr(fused, "fused_for_ort", _broken_rewriter)
+    with pytest.warns(UserWarning, match="fusions failed"):
+        create_predictor(Config(export))
 
 
 def test_input_forms_and_casts_give_the_same_result(ernie_predictor):
@@ -369,7 +426,9 @@ def test_int8_of_a_read_only_model_goes_to_the_sampan_home_cache(gpt, tmp_path, 
     ids = _ids(2, 6)
     beside = create_predictor(Config(gpt["dir"], precision="int8"))
     np.testing.assert_array_equal(predictor.run([ids])[0], beside.run([ids])[0])
-    assert [p.name for p in (tmp_path / "home" / "cache" / "int8").iterdir()] == [f"{digest}.onnx"]
+    # beside the int8 file (the cache is writable): its fused graph
+    assert sorted(p.name for p in (tmp_path / "home" / "cache" / "int8").iterdir()) == [f"{digest}.onnx",
+                                                                                      f"{digest}.ort.onnx"]
 
 
 # --- export_model: any function, atomic writes ---------------------------------------------------------

@@ -8,29 +8,13 @@ from pathlib import Path
 
 import numpy as np
 
-
-def fused_for_ort(path: Path) -> tuple[bytes, dict[str, int]]:
-    """The graph at ``path`` rewritten by onnxscript's ONNX Runtime fusions, serialized, and how many
-    of each fusion applied.
-
-    ONNX Runtime's own graph optimizer does not recognise the dynamo exporter's graphs (it fuses no
-    attention or layer norm in them), so a transformer runs as dozens of small kernels: attention
-    as MatMul / Softmax with the IsNaN / Where guards of the SDPA decomposition. onnxscript's
-    rewriter (``optimize_for_ort``) knows that exporter's patterns and turns them into ORT's
-    contrib kernels (``Attention``, ``SkipLayerNormalization``, ``BiasGelu``). The result runs only
-    on ONNX Runtime, which is why the ``.onnx`` on disk stays standard and this runs at load.
-    """
-    import onnx_ir
-    from onnxscript.rewriter.ort_fusions import optimize_for_ort
-
-    model = onnx_ir.load(str(path))
-    model, stats = optimize_for_ort(model)
-    return onnx_ir.to_proto(model).SerializeToString(), {k: int(v) for k, v in stats.items() if v}
+from sampan.inference.fused import fused_model_path, fusion_metadata, onnxscript_version
 
 
 class OnnxRuntimeBackend:
     """An ``onnxruntime.InferenceSession`` on CPU with every graph optimization enabled, on the graph
-    with onnxscript's ONNX Runtime fusions applied (``fuse=False``: the file as exported).
+    with onnxscript's ONNX Runtime fusions applied (``sampan.inference.fused``, cached beside the
+    export; ``fuse=False``: the file as exported).
 
     Attributes:
         fusions: how many of each fusion applied (empty when ``fuse`` is off or nothing matched).
@@ -44,20 +28,32 @@ class OnnxRuntimeBackend:
         if num_threads is not None:
             options.intra_op_num_threads = num_threads
         self.fusions: dict[str, int] = {}
-        model: str | bytes = str(path)
+        self.session = None
         if fuse:
             try:
-                model, self.fusions = fused_for_ort(path)
+                self.session, self.fusions = self._fused_session(path, options, onnxruntime)
             except Exception as e:  # noqa: BLE001 - the unfused graph computes the same; only slower
                 warnings.warn(f"onnxscript's ONNX Runtime fusions failed on {path.name} ({type(e).__name__}: {e}); "
                               "running the graph as exported (Config(fuse=False) skips the attempt)", stacklevel=3)
-                model = str(path)
-        self.session = onnxruntime.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+        if self.session is None:
+            self.session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         found = [i.name for i in self.session.get_inputs()]
         if sorted(found) != sorted(input_names):
             raise ValueError(f"{path.name} takes inputs {found} but inference.json lists {list(input_names)}: "
                              "the files are from different exports; export the directory again")
         self._input_names = list(input_names)
+
+    @staticmethod
+    def _fused_session(path: Path, options, onnxruntime):
+        """A session on the cached fused graph (made on first use), remade once if an older
+        onnxscript made it, and the fusion counts recorded in it."""
+        for remake in (False, True):
+            fused = fused_model_path(path, remake=remake)
+            session = onnxruntime.InferenceSession(str(fused), options, providers=["CPUExecutionProvider"])
+            fusions, version = fusion_metadata(session.get_modelmeta().custom_metadata_map)
+            if version == onnxscript_version():
+                return session, fusions
+        raise RuntimeError(f"{fused} records onnxscript {version}, not {onnxscript_version()}, even when remade")
 
     def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         return self.session.run(None, dict(zip(self._input_names, arrays, strict=True)))

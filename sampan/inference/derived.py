@@ -1,0 +1,75 @@
+"""Files derived from an exported graph (the int8 quantization, the ORT-fused graph), made on first
+use and reused afterwards.
+
+A derived file is written beside its source when that directory is writable (an export the user
+made, or Taskflow's export cache). A model shipped inside the installed package is read-only, so
+its derived files go to ``$SAMPAN_HOME/cache/<kind>/<sha256 of the source>.onnx`` instead, keyed by
+content so that an updated model never reuses a stale derivation. Every file is made in a private
+temporary directory and moved into place, so a crash leaves nothing half-written and two processes
+deriving at once do not collide.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+
+def sampan_home() -> Path:
+    """``$SAMPAN_HOME``, default ``~/.sampan``: models and caches that live outside the package."""
+    return Path(os.environ.get("SAMPAN_HOME") or "~/.sampan").expanduser()
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def writable(directory: Path) -> bool:
+    if not os.access(directory, os.W_OK):
+        return False
+    try:  # os.access says yes on some read-only mounts; a real probe settles it
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError:
+        return False
+    return True
+
+
+def make_atomically(target: Path, make: Callable[[Path, Path], None], source: Path) -> None:
+    """Run ``make(source, work_file)`` in a private temporary directory beside ``target`` and move
+    the result to ``target``. ``make`` may write other scratch files in that directory."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    try:
+        make(source, work / target.name)
+        os.replace(work / target.name, target)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def derived_path(source: Path, suffix: str, kind: str, make: Callable[[Path, Path], None],
+                 is_current: Callable[[Path], bool] = lambda path: True) -> Path:
+    """The file derived from ``source`` by ``make``, made on first use.
+
+    Beside the source it is ``<stem><suffix>`` (``inference.onnx`` -> ``inference.int8.onnx``),
+    remade when older than the source or when ``is_current`` says no; in the read-only case it is
+    ``$SAMPAN_HOME/cache/<kind>/<sha256>.onnx``.
+    """
+    beside = source.with_name(source.name.removesuffix(".onnx") + suffix)
+    if beside.is_file() and beside.stat().st_mtime >= source.stat().st_mtime and is_current(beside):
+        return beside
+    if writable(source.parent):
+        make_atomically(beside, make, source)
+        return beside
+    cached = sampan_home() / "cache" / kind / f"{sha256_of(source)}.onnx"
+    if not (cached.is_file() and is_current(cached)):
+        make_atomically(cached, make, source)
+    return cached
