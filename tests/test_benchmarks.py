@@ -119,6 +119,25 @@ def test_batching_quick_measures_padding_and_packing(tmp_path):
     assert packed["packed"]["text_share"] > packed["unpacked"]["text_share"]
 
 
+@pytest.mark.timeout(600)
+def test_knowledge_masking_quick_pretrains_and_fine_tunes_each_run(tmp_path):
+    """Both masking runs pretrain, are scored on held-out rows, and are fine-tuned on NER downstream."""
+    out = tmp_path / "km.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "knowledge_masking.py"), "--quick",
+                    "--data", str(tmp_path / "data"), "--build-docs", "30", "--work-dir", str(tmp_path / "work"),
+                    "--runs", "char,knowledge", "--ner-steps", "2", "--out", str(out)],
+                   check=True, capture_output=True, text=True, timeout=580)
+    result = json.loads(out.read_text())
+    effect = result["masking_effect_held_out"]
+    # entity-level masking masks the gold entities it touches whole; character masking rarely does
+    assert effect["entity"]["touched_entities_masked_whole"] > effect["char"]["touched_entities_masked_whole"]
+    assert set(result["runs"]) == {"char", "knowledge"}
+    for run in result["runs"].values():
+        assert 0 <= run["char_accuracy"] <= 1 and run["entities"] > 0
+        ner = run["ner"]
+        assert ner["steps"] == 2 and 0 <= ner["test"]["f1"] <= 1 and {"PER_f1", "LOC_f1"} <= set(ner["test"])
+
+
 def test_paired_accuracy_difference():
     """The paired bootstrap: identical verdicts give exactly 0; a system right on 30 more of 100
     examples differs by +0.30 with an interval around it that excludes 0; bad input is refused."""
