@@ -84,7 +84,7 @@ class Predictor:
 
     @property
     def fusions(self) -> dict[str, int]:
-        """ONNX Runtime fusions applied to the graph at load, by kind (``Config.fuse``); empty on the
+        """ONNX Runtime fusions in the graph the session runs, by kind (``Config.fuse``); empty on the
         torch backend, with ``fuse=False``, or when none matched."""
         return dict(getattr(self._backend, "fusions", {}))
 
