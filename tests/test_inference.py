@@ -192,7 +192,6 @@ def test_the_fused_graph_is_made_once_and_remade_when_stale(ernie, ernie_predict
     running the rewriter; a newer export or another onnxscript version makes it again."""
     import warnings
 
-    import sampan.inference.backends as backends
     import sampan.inference.fused as fused
 
     export = _fresh_copy(ernie["dir"], tmp_path / "export")
@@ -211,7 +210,6 @@ def test_the_fused_graph_is_made_once_and_remade_when_stale(ernie, ernie_predict
 
     # Another onnxscript version: remade, and the new file records that version.
     monkeypatch.setattr(fused, "onnxscript_version", lambda: "9.9.9")
-    monkeypatch.setattr(backends, "onnxscript_version", lambda: "9.9.9")
     other = create_predictor(Config(export))
     assert other.fusions == first.fusions and cached.stat().st_mtime_ns != made
     import onnx

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sampan.inference.fused import fused_model_path, fusion_metadata, onnxscript_version
+from sampan.inference.fused import fused_session
 
 
 class OnnxRuntimeBackend:
@@ -31,7 +31,8 @@ class OnnxRuntimeBackend:
         self.session = None
         if fuse:
             try:
-                self.session, self.fusions = self._fused_session(path, options, onnxruntime)
+                self.session, self.fusions = fused_session(path, lambda fused: onnxruntime.InferenceSession(
+                    str(fused), options, providers=["CPUExecutionProvider"]))
             except Exception as e:  # noqa: BLE001 - the unfused graph computes the same; only slower
                 warnings.warn(f"onnxscript's ONNX Runtime fusions failed on {path.name} ({type(e).__name__}: {e}); "
                               "running the graph as exported (Config(fuse=False) skips the attempt)", stacklevel=3)
@@ -42,18 +43,6 @@ class OnnxRuntimeBackend:
             raise ValueError(f"{path.name} takes inputs {found} but inference.json lists {list(input_names)}: "
                              "the files are from different exports; export the directory again")
         self._input_names = list(input_names)
-
-    @staticmethod
-    def _fused_session(path: Path, options, onnxruntime):
-        """A session on the cached fused graph (made on first use), remade once if an older
-        onnxscript made it, and the fusion counts recorded in it."""
-        for remake in (False, True):
-            fused = fused_model_path(path, remake=remake)
-            session = onnxruntime.InferenceSession(str(fused), options, providers=["CPUExecutionProvider"])
-            fusions, version = fusion_metadata(session.get_modelmeta().custom_metadata_map)
-            if version == onnxscript_version():
-                return session, fusions
-        raise RuntimeError(f"{fused} records onnxscript {version}, not {onnxscript_version()}, even when remade")
 
     def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         return self.session.run(None, dict(zip(self._input_names, arrays, strict=True)))

@@ -18,10 +18,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-
-def sampan_home() -> Path:
-    """``$SAMPAN_HOME``, default ``~/.sampan``: models and caches that live outside the package."""
-    return Path(os.environ.get("SAMPAN_HOME") or "~/.sampan").expanduser()
+from sampan.hub.store import cache_dir
 
 
 def sha256_of(path: Path) -> str:
@@ -55,21 +52,22 @@ def make_atomically(target: Path, make: Callable[[Path, Path], None], source: Pa
         shutil.rmtree(work, ignore_errors=True)
 
 
-def derived_path(source: Path, suffix: str, kind: str, make: Callable[[Path, Path], None],
-                 is_current: Callable[[Path], bool] = lambda path: True) -> Path:
+def derived_path(source: Path, suffix: str, kind: str, make: Callable[[Path, Path], None], *,
+                 remake: bool = False) -> Path:
     """The file derived from ``source`` by ``make``, made on first use.
 
     Beside the source it is ``<stem><suffix>`` (``inference.onnx`` -> ``inference.int8.onnx``),
-    remade when older than the source or when ``is_current`` says no; in the read-only case it is
-    ``$SAMPAN_HOME/cache/<kind>/<sha256>.onnx``.
+    remade when older than the source; in the read-only case it is
+    ``$SAMPAN_HOME/cache/<kind>/<sha256>.onnx``. ``remake`` makes it again in either place (the
+    caller found the existing file stale by its contents).
     """
     beside = source.with_name(source.name.removesuffix(".onnx") + suffix)
-    if beside.is_file() and beside.stat().st_mtime >= source.stat().st_mtime and is_current(beside):
+    if not remake and beside.is_file() and beside.stat().st_mtime >= source.stat().st_mtime:
         return beside
     if writable(source.parent):
         make_atomically(beside, make, source)
         return beside
-    cached = sampan_home() / "cache" / kind / f"{sha256_of(source)}.onnx"
-    if not (cached.is_file() and is_current(cached)):
+    cached = cache_dir(kind) / f"{sha256_of(source)}.onnx"
+    if remake or not cached.is_file():
         make_atomically(cached, make, source)
     return cached

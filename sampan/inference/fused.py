@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from sampan.inference.derived import derived_path
 
@@ -49,15 +51,20 @@ def _write_fused(source: Path, target: Path) -> None:
     target.write_bytes(data)
 
 
-def fused_model_path(source: Path, *, remake: bool = False) -> Path:
-    """The fused version of ``source`` (``inference.ort.onnx`` beside it, or in
-    ``$SAMPAN_HOME/cache/ort`` when its directory is read-only), made when missing, older than the
-    source, or when ``remake`` (the caller found it came from another onnxscript version)."""
-    return derived_path(source, FUSED_SUFFIX, "ort", _write_fused, is_current=lambda path: not remake)
+def fused_session(source: Path, open_session: Callable[[Path], Any]) -> tuple[Any, dict[str, int]]:
+    """``open_session`` on the fused version of ``source`` and the fusion counts recorded in it.
 
-
-def fusion_metadata(custom_metadata: dict[str, str]) -> tuple[dict[str, int], str | None]:
-    """The fusion counts and the onnxscript version recorded in a fused file's metadata
-    (``InferenceSession.get_modelmeta().custom_metadata_map``)."""
-    fusions = json.loads(custom_metadata.get(FUSIONS_KEY, "{}"))
-    return {k: int(v) for k, v in fusions.items()}, custom_metadata.get(VERSION_KEY)
+    The fused file is ``inference.ort.onnx`` beside ``source`` (or in ``$SAMPAN_HOME/cache/ort``
+    when its directory is read-only), made when missing or older than the source. Its onnxscript
+    version is read from the session's metadata, so a current file costs no extra read; a file from
+    another version is made again once.
+    """
+    for remake in (False, True):
+        fused = derived_path(source, FUSED_SUFFIX, "ort", _write_fused, remake=remake)
+        session = open_session(fused)
+        metadata = session.get_modelmeta().custom_metadata_map
+        version = metadata.get(VERSION_KEY)
+        if version == onnxscript_version():
+            fusions = json.loads(metadata.get(FUSIONS_KEY, "{}"))
+            return session, {k: int(v) for k, v in fusions.items()}
+    raise RuntimeError(f"{fused} records onnxscript {version}, not {onnxscript_version()}, even when remade")
