@@ -136,7 +136,8 @@ def test_onnxruntime_fusions_apply_and_compute_the_same(ernie, ernie_predictor, 
     the same logits, and a failing rewrite falls back to the exported graph with a warning."""
     fusions = ernie_predictor.fusions
     assert fusions.get("attention") == TINY["num_layers"], fusions  # one fused Attention per block
-    assert fusions.get("skip_layer_normalization", 0) >= 1 and fusions.get("bias_gelu") == TINY["num_layers"]
+    assert fusions.get("bias_gelu") == TINY["num_layers"]
+    assert "skip_layer_normalization" not in fusions  # split back: ORT's CPU kernel is the slower
     plain = create_predictor(Config(ernie["dir"], fuse=False))
     assert plain.fusions == {}
     ids, mask = _ids(3, 17), _mask(3, 17)
@@ -146,7 +147,31 @@ def test_onnxruntime_fusions_apply_and_compute_the_same(ernie, ernie_predictor, 
     assert create_predictor(Config(ernie["dir"], backend="torch")).fusions == {}
     # GPT's causal attention becomes MultiHeadAttention ("mha2"), beside the skip + layer norms.
     gpt_fusions = create_predictor(Config(gpt["dir"])).fusions
-    assert gpt_fusions.get("mha2") == TINY["num_layers"] and gpt_fusions.get("skip_layer_normalization", 0) >= 1
+    assert gpt_fusions.get("mha2") == TINY["num_layers"] and "skip_layer_normalization" not in gpt_fusions
+
+
+@pytest.mark.parametrize("which", ["ernie", "gpt"])
+def test_no_skip_layer_norm_kernel_runs(which, ernie, ernie_predictor, gpt, tmp_path):
+    """The skip + layer norm pairs stay an Add and a LayerNormalization in the graph ORT runs:
+    onnxscript's SkipLayerNormalization nodes are split (ERNIE's post-norm blocks use the normed
+    output, GPT's pre-norm blocks also the residual sum), and ORT's own SkipLayerNormFusion, disabled
+    by the name sampan passes, does not fuse them again. GPT's logits through that graph are checked
+    against eager in test_gpt_eager_equals_onnxruntime_equals_torch."""
+    import onnx
+    import onnxruntime
+
+    from sampan.inference.fused import ORT_DISABLED_OPTIMIZERS
+
+    export = {"ernie": ernie, "gpt": gpt}[which]["dir"]
+    create_predictor(Config(export))  # makes inference.ort.onnx if this session has not yet
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.optimized_model_filepath = str(tmp_path / "as_run.onnx")
+    onnxruntime.InferenceSession(str(export / "inference.ort.onnx"), options, providers=["CPUExecutionProvider"],
+                                 disabled_optimizers=list(ORT_DISABLED_OPTIMIZERS))
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "as_run.onnx")).graph.node]
+    assert "SkipLayerNormalization" not in ops
+    assert ops.count("LayerNormalization") == 2 * TINY["num_layers"] + 1  # per block two, plus one
 
 
 @pytest.mark.parametrize("batch,seq", SHAPES)
@@ -215,7 +240,15 @@ def test_the_fused_graph_is_made_once_and_remade_when_stale(ernie, ernie_predict
     import onnx
 
     meta = {p.key: p.value for p in onnx.load(str(cached), load_external_data=False).metadata_props}
-    assert meta[fused.VERSION_KEY] == "9.9.9"
+    assert meta[fused.VERSION_KEY] == "9.9.9" and meta[fused.RECIPE_KEY] == fused.RECIPE
+    monkeypatch.undo()
+
+    # Another sampan recipe on top of onnxscript's (the split of the skip-layer-norms): remade too.
+    made = cached.stat().st_mtime_ns
+    monkeypatch.setattr(fused, "RECIPE", "0: an older recipe")
+    create_predictor(Config(export))
+    meta = {p.key: p.value for p in onnx.load(str(cached), load_external_data=False).metadata_props}
+    assert cached.stat().st_mtime_ns != made and meta[fused.RECIPE_KEY] == "0: an older recipe"
     monkeypatch.undo()
 
     # A newer export: the fused file is older than its source, so it is made again.
@@ -485,3 +518,39 @@ def test_export_pretrained_refuses_what_it_cannot_export(tmp_path):
         export_pretrained(create("ernie-tiny", head="sequence_classification", pinyin_vocab_size=50, **TINY),
                           tmp_path / "y")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_split_skip_layer_norms_keeps_a_node_whose_statistics_are_read():
+    """A SkipLayerNormalization whose mean output is used cannot become Add + LayerNormalization
+    (that op's statistics are not the same outputs); it is left alone, and the graph still runs."""
+    import onnx
+    import onnx_ir
+    import onnxruntime
+    from onnx import TensorProto, helper
+
+    from sampan.inference.fused import split_skip_layer_norms
+
+    def graph(outputs: list[str]) -> onnx_ir.Model:
+        node = helper.make_node("SkipLayerNormalization", ["x", "s", "g", "b"], ["y", "mean"], domain="com.microsoft",
+                                epsilon=1e-5)
+        value = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3, 4]) for n in ("x", "s")]
+        shapes = {"y": [2, 3, 4], "mean": [2, 3, 1]}
+        made = helper.make_graph([node], "g", value, [helper.make_tensor_value_info(n, TensorProto.FLOAT, shapes[n])
+                                                      for n in outputs],
+                                 [helper.make_tensor("g", TensorProto.FLOAT, [4], [1.0] * 4),
+                                  helper.make_tensor("b", TensorProto.FLOAT, [4], [0.5] * 4)])
+        proto = helper.make_model(made, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+        return onnx_ir.from_proto(proto)
+
+    reads_mean = graph(["y", "mean"])
+    assert split_skip_layer_norms(reads_mean) == 0
+    assert [n.op_type for n in reads_mean.graph] == ["SkipLayerNormalization"]
+    plain = graph(["y"])
+    assert split_skip_layer_norms(plain) == 1
+    assert [n.op_type for n in plain.graph] == ["Add", "LayerNormalization"]
+    x, s = np.random.default_rng(0).standard_normal((2, 2, 3, 4)).astype(np.float32)
+    session = onnxruntime.InferenceSession(onnx_ir.to_proto(plain).SerializeToString(), providers=["CPUExecutionProvider"])
+    t = x + s
+    expected = (t - t.mean(-1, keepdims=True)) / np.sqrt(t.var(-1, keepdims=True) + 1e-5) + 0.5
+    np.testing.assert_allclose(session.run(None, {"x": x, "s": s})[0], expected, atol=1e-5)
+    assert onnx.checker.check_model(onnx_ir.to_proto(plain)) is None

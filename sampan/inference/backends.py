@@ -8,11 +8,12 @@ from pathlib import Path
 
 import numpy as np
 
-from sampan.inference.fused import fused_session
+from sampan.inference.fused import ORT_DISABLED_OPTIMIZERS, fused_session
 
 
 class OnnxRuntimeBackend:
-    """An ``onnxruntime.InferenceSession`` on CPU with every graph optimization enabled, on the graph
+    """An ``onnxruntime.InferenceSession`` on CPU with every graph optimization enabled but one
+    (``sampan.inference.fused.ORT_DISABLED_OPTIMIZERS``, slower on CPU than without), on the graph
     with onnxscript's ONNX Runtime fusions applied (``sampan.inference.fused``, cached beside the
     export; ``fuse=False``: the file as exported).
 
@@ -29,15 +30,21 @@ class OnnxRuntimeBackend:
             options.intra_op_num_threads = num_threads
         self.fusions: dict[str, int] = {}
         self.session = None
+
+        def open_session(graph: Path):
+            # Without SkipLayerNormFusion: ORT's CPU kernel for it is slower than what it fuses
+            # (sampan.inference.fused), on the exported graph as much as on the fused one.
+            return onnxruntime.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"],
+                                                disabled_optimizers=list(ORT_DISABLED_OPTIMIZERS))
+
         if fuse:
             try:
-                self.session, self.fusions = fused_session(path, lambda fused: onnxruntime.InferenceSession(
-                    str(fused), options, providers=["CPUExecutionProvider"]))
+                self.session, self.fusions = fused_session(path, open_session)
             except Exception as e:  # noqa: BLE001 - the unfused graph computes the same; only slower
                 warnings.warn(f"onnxscript's ONNX Runtime fusions failed on {path.name} ({type(e).__name__}: {e}); "
                               "running the graph as exported (Config(fuse=False) skips the attempt)", stacklevel=3)
         if self.session is None:
-            self.session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+            self.session = open_session(path)
         found = [i.name for i in self.session.get_inputs()]
         if sorted(found) != sorted(input_names):
             raise ValueError(f"{path.name} takes inputs {found} but inference.json lists {list(input_names)}: "

@@ -31,7 +31,8 @@ class Config:
         precision: "fp32", or "int8": weights dynamically quantized to int8 by ONNX Runtime
             (onnxruntime backend only), made once into ``inference.int8.onnx`` and reused.
         fuse: onnxruntime backend: rewrite the graph with onnxscript's ONNX Runtime fusions
-            (``Attention``, ``SkipLayerNormalization``, ``BiasGelu``), made once into
+            (``Attention``, ``BiasGelu``; its ``SkipLayerNormalization`` split back, being slower
+            on CPU: ``sampan.inference.fused``), made once into
             ``inference.ort.onnx`` and reused; ``inference.onnx`` is not changed. False runs the
             graph exactly as exported.
     """
