@@ -45,6 +45,7 @@ bench: setup-dev
 	$(BIN)/python benchmarks/hybrid_parallel.py
 	$(BIN)/python benchmarks/to_static.py
 	$(BIN)/python benchmarks/tasks.py
+	$(BIN)/python benchmarks/predictor.py
 	$(BIN)/python benchmarks/batching.py
 
 clean:

@@ -159,3 +159,24 @@ def test_paired_accuracy_difference():
         paired_accuracy_difference([True], [True, False])
     with pytest.raises(ValueError, match="resamples"):
         paired_accuracy_difference([True], [True], resamples=0)
+
+
+@pytest.mark.timeout(300)
+def test_predictor_quick(tmp_path):
+    """Every engine equals eager before it is timed (the run exits otherwise); the shipped ORT graph
+    holds no SkipLayerNormalization while onnxscript's own output does; the cold-start runs found
+    and removed the fused file as the comparison needs."""
+    out = tmp_path / "predictor.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "predictor.py"), "--quick", "--out", str(out)],
+                   check=True, capture_output=True, text=True, timeout=280)
+    result = json.loads(out.read_text())
+    (shape, row), = result["latency"].items()
+    assert shape == "2x16" and set(row["ms"]) == {"eager", "pt2", "ort_exported", "ort_onnxscript", "ort_shipped"}
+    assert all(d <= 1e-4 for d in row["max_abs_diff_vs_eager"].values()) and all(v > 0 for v in row["ms"].values())
+    assert row["speedup_over_eager"]["ort_shipped"] == pytest.approx(row["ms"]["eager"] / row["ms"]["ort_shipped"])
+    assert result["fusions"]["ort_onnxscript"].get("skip_layer_normalization", 0) >= 1
+    assert "skip_layer_normalization" not in result["fusions"]["ort_shipped"]
+    assert result["fusions"]["ort_shipped"]["attention"] == result["fusions"]["ort_onnxscript"]["attention"] >= 1
+    cold = result["cold_start"]
+    assert len(cold["runs_s"]["cached"]) == len(cold["runs_s"]["rewritten_at_load"]) == 1
+    assert cold["first_use_s"] > 0 and cold["cached_s"] > 0

@@ -1,0 +1,207 @@
+"""The inference predictor's engines on the shipped sentiment model, side by side in one run.
+
+1. Model latency (no tokenizer) at three batch shapes, random ids, every engine checked against
+   eager torch first:
+   - ``eager``: the fp32 torch model (``torch.inference_mode``), the baseline;
+   - ``pt2``: ``Config(backend="torch")``, the ``torch.export`` program;
+   - ``ort_exported``: ``Config(fuse=False)``, ONNX Runtime on the graph as exported;
+   - ``ort_onnxscript``: onnxscript's ``optimize_for_ort`` as it comes, with ORT's default
+     optimizers (what sampan shipped before it split the skip-layer-norms back);
+   - ``ort_shipped``: ``Config()``, the default: those fusions minus ``SkipLayerNormalization``,
+     whose CPU kernel is slower than the ops it fuses (``sampan.inference.fused``).
+2. Cold start of a Taskflow in a fresh interpreter (import to first result), with the fused graph
+   cached beside the export vs rewritten at load; both after the one-off export.
+
+Blocks alternate between engines (``_common.time_interleaved``); ratios are what count.
+
+    python benchmarks/predictor.py                 # full -> benchmarks/results/predictor.json
+    python benchmarks/predictor.py --quick --out /tmp/p.json   # smoke run (used by a test)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from _common import (
+    apply_presets,
+    load_average,
+    machine_info,
+    set_threads,
+    time_interleaved,
+    timestamp,
+    write_json_atomic,
+)
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "predictor.json"
+FULL = {"shapes": "32x128,4x57,1x20", "repeats": 5, "block_seconds": 0.5, "cold_starts": 3}
+QUICK = {"shapes": "2x16", "repeats": 1, "block_seconds": 0.05, "cold_starts": 1}
+COLD_START = "from sampan.taskflow import Taskflow; Taskflow('sentiment_analysis')('好')"
+AGREE_ATOL = 1e-4
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="ernie-tiny-sentiment", help="stored model (default: %(default)s)")
+    parser.add_argument("--shapes", default=None, help="batch x length list (full: 32x128,4x57,1x20)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed blocks per engine and shape (full 5)")
+    parser.add_argument("--block-seconds", type=float, default=None,
+                        help="about how long one timed block runs (full 0.5)")
+    parser.add_argument("--cold-starts", type=int, default=None, help="fresh-interpreter runs per side (full 3)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (ORT uses one per core)")
+    parser.add_argument("--quick", action="store_true", help="one small shape, one block, one cold start")
+    parser.add_argument("--out", type=Path, default=None, help=f"JSON output (default {DEFAULT_OUT})")
+    args = parser.parse_args(argv)
+    args = apply_presets(args, QUICK if args.quick else FULL, DEFAULT_OUT)
+    try:
+        args.shape_list = [tuple(int(d) for d in s.split("x")) for s in args.shapes.split(",")]
+        if any(len(s) != 2 or min(s) < 1 for s in args.shape_list):
+            raise ValueError
+    except ValueError:
+        parser.error(f"--shapes takes BATCHxLENGTH[,...] with positive sizes, e.g. 32x128,1x20; got {args.shapes!r}")
+    return args
+
+
+def _onnxscript_as_is(export: Path, work: Path):
+    """An ORT session on onnxscript's fusions with the skip-layer-norms kept, ORT's defaults."""
+    import onnxruntime
+
+    from sampan.inference.fused import fused_for_ort
+
+    data, fusions = fused_for_ort(export / "inference.onnx", split_skip_norms=False)
+    path = work / "onnxscript-as-is.onnx"
+    path.write_bytes(data)
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return session, fusions
+
+
+def engines(model_dir: Path, export: Path, work: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """name -> run(ids, mask) -> logits (numpy), and what each engine's graph holds."""
+    from sampan.finetune import load_task_model
+    from sampan.inference import Config, create_predictor
+
+    eager_model, _, _ = load_task_model(model_dir)
+    eager_model = eager_model.float().eval()
+
+    def eager(ids, mask):
+        with torch.inference_mode():
+            return eager_model(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).numpy()
+
+    pt2 = create_predictor(Config(export, backend="torch"))
+    exported = create_predictor(Config(export, fuse=False))
+    shipped = create_predictor(Config(export))
+    as_is, as_is_fusions = _onnxscript_as_is(export, work)
+    runs = {
+        "eager": eager,
+        "pt2": lambda ids, mask: pt2.run([ids, mask])[0],
+        "ort_exported": lambda ids, mask: exported.run([ids, mask])[0],
+        "ort_onnxscript": lambda ids, mask: as_is.run(None, {"input_ids": ids, "attention_mask": mask})[0],
+        "ort_shipped": lambda ids, mask: shipped.run([ids, mask])[0],
+    }
+    return runs, {"ort_onnxscript": as_is_fusions, "ort_shipped": shipped.fusions}
+
+
+def _batch(batch: int, length: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(batch * 1000 + length)
+    ids = rng.integers(1, vocab, (batch, length), dtype=np.int64)
+    mask = np.ones_like(ids)
+    if batch > 1:  # one padded row, as a real batch of unequal reviews has
+        mask[-1, length // 2:] = 0
+    return ids, mask
+
+
+def latency(runs: dict[str, Any], shapes: list[tuple[int, int]], vocab: int, args: argparse.Namespace) -> dict:
+    out: dict[str, Any] = {}
+    for batch, length in shapes:
+        ids, mask = _batch(batch, length, vocab)
+        expected = runs["eager"](ids, mask)
+        agreement = {name: float(np.abs(run(ids, mask) - expected).max()) for name, run in runs.items()}
+        wrong = {k: v for k, v in agreement.items() if v > AGREE_ATOL}
+        if wrong:
+            raise SystemExit(f"at {batch}x{length} these engines differ from eager by more than {AGREE_ATOL}: {wrong}")
+        start = time.perf_counter()
+        runs["eager"](ids, mask)
+        steps = max(1, round(args.block_seconds / max(time.perf_counter() - start, 1e-6)))
+        timings = time_interleaved({name: (lambda run=run, ids=ids, mask=mask: run(ids, mask)) for name, run in runs.items()},
+                                   steps=steps, repeats=args.repeats, warmup=2)
+        row: dict[str, Any] = {"steps_per_block": steps, "max_abs_diff_vs_eager": agreement}
+        row["ms"] = {name: t.median * 1e3 for name, t in timings.items()}
+        row["speedup_over_eager"] = {name: row["ms"]["eager"] / ms for name, ms in row["ms"].items() if name != "eager"}
+        row["shipped_over_onnxscript_speedup"] = row["ms"]["ort_onnxscript"] / row["ms"]["ort_shipped"]
+        out[f"{batch}x{length}"] = row
+        print(f"{batch:>3} x {length:<4} " + "  ".join(f"{k} {v:7.2f} ms" for k, v in row["ms"].items()), flush=True)
+    return out
+
+
+def _fresh_run(home: Path) -> float:
+    env = dict(os.environ, SAMPAN_HOME=str(home))
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-W", "ignore", "-c", COLD_START], env=env, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def cold_start(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """Seconds from a fresh interpreter to the first sentiment result, in a private SAMPAN_HOME:
+    the first run (export + fusion, once per model), then alternately with the fused file cached
+    and with it deleted first (the rewrite at load that sampan did before caching it)."""
+    home = work / "home"
+    first = _fresh_run(home)
+    fused = sorted(home.glob("cache/inference/*/inference.ort.onnx"))
+    if len(fused) != 1:
+        raise SystemExit(f"expected one fused graph under {home}/cache/inference after the first run, found {fused}")
+    sides: dict[str, list[float]] = {"cached": [], "rewritten_at_load": []}
+    for i in range(args.cold_starts):
+        for side in (("cached", "rewritten_at_load") if i % 2 == 0 else ("rewritten_at_load", "cached")):
+            if side == "rewritten_at_load":
+                fused[0].unlink()
+            sides[side].append(_fresh_run(home))
+    out = {"first_use_s": first, **{f"{k}_s": statistics.median(v) for k, v in sides.items()},
+           "runs_s": sides, "command": f'python -c "{COLD_START}"'}
+    out["cached_speedup"] = out["rewritten_at_load_s"] / out["cached_s"]
+    print(f"cold start: first use {first:.2f} s, cached {out['cached_s']:.2f} s, "
+          f"rewritten at load {out['rewritten_at_load_s']:.2f} s", flush=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    threads = set_threads(args.threads)
+    from sampan.hub.store import resolve
+    from sampan.inference import export_pretrained
+    from sampan.taskflow.runtime import _eager_model, _quiet_exporter
+
+    model_dir = resolve(args.model)
+    results: dict[str, Any] = {"benchmark": "predictor", "timestamp": timestamp(), "machine": machine_info(),
+                               "quick": bool(args.quick), "model": args.model, "torch_threads": threads}
+    with tempfile.TemporaryDirectory(prefix="sampan-bench-predictor-") as tmp:
+        work = Path(tmp)
+        model = _eager_model(model_dir)
+        vocab = int(model.config.vocab_size)
+        with _quiet_exporter():
+            export = export_pretrained(model, work / "export", overwrite=True)
+        runs, fusions = engines(model_dir, export, work)
+        results["fusions"] = fusions
+        results["latency"] = latency(runs, args.shape_list, vocab, args)
+        results["cold_start"] = cold_start(args, work)
+    results["load_average_end"] = load_average()
+    write_json_atomic(args.out, results)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
