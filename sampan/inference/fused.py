@@ -14,7 +14,7 @@ One of those fusions is undone on purpose. ONNX Runtime's CPU ``SkipLayerNormali
 0.7 ms on a 32 x 128 x 256 tensor, 2 threads. So every such node is split back into its adds and a
 standard ``LayerNormalization`` (:func:`split_skip_layer_norms`), and the backend turns ORT's own
 ``SkipLayerNormFusion`` off so that ORT does not fuse them again. On the shipped sentiment model
-that takes a 32 x 128 batch from 156 to 136 ms and one review from 13 to 6 ms.
+that takes a 32 x 128 batch from 133 to 114 ms (``benchmarks/predictor.py``).
 
 The fused file carries, in its ONNX metadata, how many of each fusion applied, the onnxscript
 version that made it and :data:`RECIPE` (what sampan does on top); a file from another onnxscript
