@@ -37,7 +37,7 @@ from _paired import paired_accuracy_difference
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "tasks.json"
 DEFAULTS = {"sentiment_examples": 0, "ner_sentences": 0, "finetune_steps": 250, "finetune_examples": 0,
-            "finetune_eval_examples": 1000, "timing_repeats": 5}
+            "finetune_eval_examples": 1000, "timing_repeats": 15}
 QUICK = {"sentiment_examples": 64, "ner_sentences": 24, "finetune_steps": 3, "finetune_examples": 64,
          "finetune_eval_examples": 64, "timing_repeats": 1}
 
@@ -52,7 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--finetune-examples", type=int, default=None, help="training examples (0 = all)")
     parser.add_argument("--finetune-eval-examples", type=int, default=None,
                         help="dev and test reviews each fine-tune of the comparison is scored on (0 = all)")
-    parser.add_argument("--timing-repeats", type=int, default=None, help="interleaved timing blocks")
+    parser.add_argument("--timing-repeats", type=int, default=None, help="interleaved timing blocks per contender (default: 15)")
     parser.add_argument("--skip-finetune", action="store_true", help="skip the LoRA vs full comparison")
     parser.add_argument("--quick", action="store_true", help="a smoke run on small slices")
     parser.add_argument("--out", type=Path, default=None, help=f"JSON output (default {DEFAULT_OUT})")
