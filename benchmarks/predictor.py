@@ -74,27 +74,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _onnxscript_as_is(export: Path, work: Path):
-    """An ORT session on onnxscript's fusions with the skip-layer-norms kept, ORT's defaults."""
+    """An ORT session on onnxscript's ``optimize_for_ort`` output as it comes (skip-layer-norms
+    kept), ORT's default optimizers, and the fusion counts; the graph's path too."""
+    import onnx_ir
     import onnxruntime
+    from onnxscript.rewriter.ort_fusions import optimize_for_ort
 
-    from sampan.inference.fused import fused_for_ort
-
-    data, fusions = fused_for_ort(export / "inference.onnx", split_skip_norms=False)
+    model, stats = optimize_for_ort(onnx_ir.load(str(export / "inference.onnx")))
     path = work / "onnxscript-as-is.onnx"
-    path.write_bytes(data)
+    path.write_bytes(onnx_ir.to_proto(model).SerializeToString())
     options = onnxruntime.SessionOptions()
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
     session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    return session, fusions
+    return session, {k: int(v) for k, v in stats.items() if v}
 
 
-def engines(model_dir: Path, export: Path, work: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+def engines(eager_model: torch.nn.Module, export: Path, work: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """name -> run(ids, mask) -> logits (numpy), and what each engine's graph holds."""
-    from sampan.finetune import load_task_model
     from sampan.inference import Config, create_predictor
-
-    eager_model, _, _ = load_task_model(model_dir)
-    eager_model = eager_model.float().eval()
 
     def eager(ids, mask):
         with torch.inference_mode():
@@ -193,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         vocab = int(model.config.vocab_size)
         with _quiet_exporter():
             export = export_pretrained(model, work / "export", overwrite=True)
-        runs, fusions = engines(model_dir, export, work)
+        runs, fusions = engines(model, export, work)
         results["fusions"] = fusions
         results["latency"] = latency(runs, args.shape_list, vocab, args)
         results["cold_start"] = cold_start(args, work)

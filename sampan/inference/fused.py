@@ -82,10 +82,9 @@ def split_skip_layer_norms(model: Any) -> int:
     return split
 
 
-def fused_for_ort(path: Path, split_skip_norms: bool = True) -> tuple[bytes, dict[str, int]]:
+def fused_for_ort(path: Path) -> tuple[bytes, dict[str, int]]:
     """The graph at ``path`` rewritten by onnxscript's ONNX Runtime fusions, minus the
-    skip-layer-norm one (module docstring; ``split_skip_norms=False`` keeps it, as
-    ``benchmarks/predictor.py`` does to measure it), serialized with its metadata (fusion counts,
+    skip-layer-norm one (module docstring), serialized with its metadata (fusion counts,
     onnxscript version, :data:`RECIPE`), and how many of each fusion it holds."""
     import onnx_ir
     from onnxscript.rewriter.ort_fusions import optimize_for_ort
@@ -93,12 +92,11 @@ def fused_for_ort(path: Path, split_skip_norms: bool = True) -> tuple[bytes, dic
     model = onnx_ir.load(str(path))
     model, stats = optimize_for_ort(model)
     stats = dict(stats)
-    if split_skip_norms:
-        stats["skip_layer_normalization"] = stats.get("skip_layer_normalization", 0) - split_skip_layer_norms(model)
+    stats["skip_layer_normalization"] = stats.get("skip_layer_normalization", 0) - split_skip_layer_norms(model)
     fusions = {k: int(v) for k, v in stats.items() if v}
     model.metadata_props[FUSIONS_KEY] = json.dumps(fusions, sort_keys=True)
     model.metadata_props[VERSION_KEY] = onnxscript_version()
-    model.metadata_props[RECIPE_KEY] = RECIPE if split_skip_norms else "onnxscript only"
+    model.metadata_props[RECIPE_KEY] = RECIPE
     return onnx_ir.to_proto(model).SerializeToString(), fusions
 
 
