@@ -9,7 +9,11 @@
      optimizers (what sampan shipped before it split the skip-layer-norms back);
    - ``ort_shipped``: ``Config()``, the default: those fusions minus ``SkipLayerNormalization``,
      whose CPU kernel is slower than the ops it fuses (``sampan.inference.fused``).
-2. Cold start of a Taskflow in a fresh interpreter (import to first result), with the fused graph
+2. Where the ORT time goes: ORT's profiler's share of kernel time by op type, for onnxscript's
+   graph as it comes and for the shipped one, at the first shape; and the kernel the shipped graph
+   avoids, ``SkipLayerNormalization``, against the ``Add`` + ``LayerNormalization`` it is split
+   into (run as the shipped sessions run them) and torch's add + layer norm, on one tensor pair.
+3. Cold start of a Taskflow in a fresh interpreter (import to first result), with the fused graph
    cached beside the export vs rewritten at load; both after the one-off export.
 
 Blocks alternate between engines (``_common.time_interleaved``); ratios are what count.
@@ -21,6 +25,7 @@ Blocks alternate between engines (``_common.time_interleaved``); ratios are what
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -46,6 +51,7 @@ from _common import (
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "predictor.json"
 FULL = {"shapes": "32x128,4x57,1x20", "repeats": 5, "block_seconds": 0.5, "cold_starts": 3}
 QUICK = {"shapes": "2x16", "repeats": 1, "block_seconds": 0.05, "cold_starts": 1}
+PROFILED_RUNS = 10
 COLD_START = "from sampan.taskflow import Taskflow; Taskflow('sentiment_analysis')('好')"
 AGREE_ATOL = 1e-4
 
@@ -143,6 +149,91 @@ def latency(runs: dict[str, Any], shapes: list[tuple[int, int]], vocab: int, arg
     return out
 
 
+def kernel_shares(graphs: dict[str, tuple[Path, tuple[str, ...]]], shape: tuple[int, int], vocab: int,
+                  work: Path) -> dict[str, Any]:
+    """ORT's profiler on each graph (path, disabled ORT optimizers): milliseconds of kernel time per
+    run and each op type's share of it, over PROFILED_RUNS runs of one batch."""
+    import onnxruntime
+
+    ids, mask = _batch(*shape, vocab)
+    out: dict[str, Any] = {"shape": f"{shape[0]}x{shape[1]}"}
+    for name, (path, disabled) in graphs.items():
+        options = onnxruntime.SessionOptions()
+        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.enable_profiling = True
+        options.profile_file_prefix = str(work / f"profile-{name}")
+        session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"],
+                                               disabled_optimizers=list(disabled))
+        for _ in range(PROFILED_RUNS):
+            session.run(None, {"input_ids": ids, "attention_mask": mask})
+        by_op: dict[str, float] = {}
+        for event in json.loads(Path(session.end_profiling()).read_text()):
+            if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
+                op = event["args"]["op_name"]
+                by_op[op] = by_op.get(op, 0.0) + event["dur"]
+        total = sum(by_op.values())
+        out[name] = {"kernel_ms_per_run": total / PROFILED_RUNS / 1e3,
+                     "share": {op: us / total for op, us in sorted(by_op.items(), key=lambda kv: -kv[1])}}
+        top = ", ".join(f"{op} {share:.0%}" for op, share in list(out[name]["share"].items())[:4])
+        print(f"kernel time {name}: {out[name]['kernel_ms_per_run']:.1f} ms per run ({top})", flush=True)
+    return out
+
+
+def skip_layer_norm_kernel(shape: tuple[int, int], hidden: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One residual add + layer norm three ways on a ``shape x hidden`` float tensor pair: ORT's
+    ``SkipLayerNormalization``; ``Add`` + ``LayerNormalization`` with ORT's SkipLayerNormFusion off
+    (how the shipped sessions run the split graph); torch. Outputs checked equal first."""
+    import onnx
+    import onnxruntime
+    from onnx import TensorProto, helper
+
+    from sampan.inference.fused import ORT_DISABLED_OPTIMIZERS
+
+    dims = [*shape, hidden]
+    eps = 1e-12
+
+    def session(nodes, disabled):
+        graph = helper.make_graph(nodes, "residual_norm",
+                                  [helper.make_tensor_value_info(n, TensorProto.FLOAT, dims) for n in ("x", "s")],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, dims)],
+                                  [onnx.numpy_helper.from_array(np.ones(hidden, np.float32), "g"),
+                                   onnx.numpy_helper.from_array(np.zeros(hidden, np.float32), "b")])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                        helper.make_opsetid("com.microsoft", 1)])
+        return onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"],
+                                            disabled_optimizers=list(disabled))
+
+    fused = session([helper.make_node("SkipLayerNormalization", ["x", "s", "g", "b"], ["y"],
+                                      domain="com.microsoft", epsilon=eps)], ())
+    split = session([helper.make_node("Add", ["x", "s"], ["t"]),
+                     helper.make_node("LayerNormalization", ["t", "g", "b"], ["y"], axis=-1, epsilon=eps)],
+                    ORT_DISABLED_OPTIMIZERS)
+    rng = np.random.default_rng(0)
+    feeds = {n: rng.standard_normal(dims).astype(np.float32) for n in ("x", "s")}
+    xt, st = torch.from_numpy(feeds["x"]), torch.from_numpy(feeds["s"])
+
+    def torch_norm():
+        with torch.inference_mode():
+            return torch.nn.functional.layer_norm(xt + st, (hidden,), eps=eps).numpy()
+
+    contenders = {"ort_skip_layer_norm": lambda: fused.run(None, feeds)[0],
+                  "ort_add_layer_norm": lambda: split.run(None, feeds)[0], "torch_add_layer_norm": torch_norm}
+    expected = torch_norm()
+    for name, run in contenders.items():
+        if np.abs(run() - expected).max() > 1e-4:
+            raise SystemExit(f"{name} differs from torch's layer norm by more than 1e-4")
+    start = time.perf_counter()
+    fused.run(None, feeds)
+    steps = max(1, round(args.block_seconds / 5 / max(time.perf_counter() - start, 1e-6)))
+    timings = time_interleaved(contenders, steps=steps, repeats=args.repeats, warmup=3)
+    out: dict[str, Any] = {"tensor": "x".join(str(d) for d in dims), "steps_per_block": steps,
+                           "ms": {name: t.median * 1e3 for name, t in timings.items()}}
+    out["skip_layer_norm_over_split"] = out["ms"]["ort_skip_layer_norm"] / out["ms"]["ort_add_layer_norm"]
+    print("residual + layer norm on " + out["tensor"] + ": " + "  ".join(f"{k} {v:.2f} ms" for k, v in out["ms"].items()),
+          flush=True)
+    return out
+
+
 def _fresh_run(home: Path) -> float:
     env = dict(os.environ, SAMPAN_HOME=str(home))
     start = time.perf_counter()
@@ -193,6 +284,14 @@ def main(argv: list[str] | None = None) -> int:
         runs, fusions = engines(model, export, work)
         results["fusions"] = fusions
         results["latency"] = latency(runs, args.shape_list, vocab, args)
+        from sampan.inference.fused import ORT_DISABLED_OPTIMIZERS
+
+        results["kernel_time"] = kernel_shares(
+            {"ort_onnxscript": (work / "onnxscript-as-is.onnx", ()),
+             "ort_shipped": (export / "inference.ort.onnx", ORT_DISABLED_OPTIMIZERS)},
+            args.shape_list[0], vocab, work)
+        results["skip_layer_norm_kernel"] = skip_layer_norm_kernel(args.shape_list[0], int(model.config.hidden_size),
+                                                                   args)
         results["cold_start"] = cold_start(args, work)
     results["load_average_end"] = load_average()
     write_json_atomic(args.out, results)

@@ -177,6 +177,14 @@ def test_predictor_quick(tmp_path):
     assert result["fusions"]["ort_onnxscript"].get("skip_layer_normalization", 0) >= 1
     assert "skip_layer_normalization" not in result["fusions"]["ort_shipped"]
     assert result["fusions"]["ort_shipped"]["attention"] == result["fusions"]["ort_onnxscript"]["attention"] >= 1
+    # ORT's profiler: the kernel the shipped graph avoids runs in onnxscript's graph, not in the shipped one.
+    kernels = result["kernel_time"]
+    for name in ("ort_onnxscript", "ort_shipped"):
+        assert sum(kernels[name]["share"].values()) == pytest.approx(1.0) and kernels[name]["kernel_ms_per_run"] > 0
+    assert kernels["ort_onnxscript"]["share"].get("SkipLayerNormalization", 0) > 0
+    assert "SkipLayerNormalization" not in kernels["ort_shipped"]["share"]
+    norm = result["skip_layer_norm_kernel"]
+    assert norm["tensor"] == "2x16x256" and all(v > 0 for v in norm["ms"].values())
     cold = result["cold_start"]
     assert len(cold["runs_s"]["cached"]) == len(cold["runs_s"]["rewritten_at_load"]) == 1
     assert cold["first_use_s"] > 0 and cold["cached_s"] > 0
