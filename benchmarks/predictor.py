@@ -270,16 +270,16 @@ def main(argv: list[str] | None = None) -> int:
     threads = set_threads(args.threads)
     from sampan.hub.store import resolve
     from sampan.inference import export_pretrained
-    from sampan.taskflow.runtime import _eager_model, _quiet_exporter
+    from sampan.taskflow.runtime import eager_model, quiet_exporter
 
     model_dir = resolve(args.model)
     results: dict[str, Any] = {"benchmark": "predictor", "timestamp": timestamp(), "machine": machine_info(),
                                "quick": bool(args.quick), "model": args.model, "torch_threads": threads}
     with tempfile.TemporaryDirectory(prefix="sampan-bench-predictor-") as tmp:
         work = Path(tmp)
-        model = _eager_model(model_dir)
+        model = eager_model(model_dir)
         vocab = int(model.config.vocab_size)
-        with _quiet_exporter():
+        with quiet_exporter():
             export = export_pretrained(model, work / "export", overwrite=True)
         runs, fusions = engines(model, export, work)
         results["fusions"] = fusions

@@ -240,7 +240,8 @@ def _add_finetune_parser(verbs) -> None:
                "--learning-rate 2e-3 --output-dir outputs/ner")
     ft.add_argument("--task", required=True, choices=["sentiment_analysis", "ner"], help="the task")
     ft.add_argument("--model", required=True, metavar="DIR_OR_NAME",
-                    help="base model directory, or an ERNIE config name such as ernie-tiny (random init)")
+                    help="base model directory, a stored model (`sampan hub list`, e.g. ernie-tiny-zh), or an ERNIE "
+                         "config name such as ernie-tiny (random init)")
     ft.add_argument("--data", default="builtin", metavar="builtin|PATH",
                     help="builtin corpora, a JSONL file, or a directory with train/dev/test.jsonl (default: builtin)")
     ft.add_argument("--method", choices=["full", "lora", "adapter"], default="full", help="(default: full)")

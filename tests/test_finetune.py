@@ -307,8 +307,18 @@ def test_config_name_base_is_random_init_with_a_trained_tokenizer_and_lora_freez
     assert trainable == ({f"ernie.layers.{i}.attn.{m}.lora_{x}" for i in range(LAYERS) for m in ("q_proj", "v_proj")
                           for x in "AB"} | {"ernie.pooler.dense.weight", "ernie.pooler.dense.bias",
                                             "classifier.weight", "classifier.bias"})
-    with pytest.raises(FileNotFoundError, match="neither a directory nor a registered config"):
+    with pytest.raises(FileNotFoundError, match=r"neither a directory, a stored model .* nor a registered config"):
         load_base("ernie-nonexistent", texts)
+
+
+def test_a_store_name_is_the_stored_base():
+    """`--model ernie-tiny-zh` (what `sampan hub list` shows) is the shipped pretrained base, not an error."""
+    from sampan.finetune.base import load_base
+    from sampan.hub import resolve
+
+    base = load_base("ernie-tiny-zh")
+    assert base.directory == resolve("ernie-tiny-zh") and base.weights
+    assert base.tokenizer.vocab_size <= base.config.vocab_size
 
 
 # -- training ---------------------------------------------------------------------------------------

