@@ -358,6 +358,8 @@ def test_config_errors_name_the_fix(ernie, tmp_path):
     assert Config(only_pt2, backend="torch").backend == "torch"
     with pytest.raises(ValueError, match="unknown backend 'tensorrt'; choose one of onnxruntime, torch"):
         Config(ernie["dir"], backend="tensorrt")
+    with pytest.raises(ValueError, match="unknown backend 'tensorrt'"):  # the field first, not "no inference.json"
+        Config(tmp_path, backend="tensorrt")
     with pytest.raises(ValueError, match="unknown precision 'fp16'; choose one of fp32, int8"):
         Config(ernie["dir"], precision="fp16")
     with pytest.raises(ValueError, match="precision='int8' runs on ONNX Runtime's integer kernels: use "

@@ -67,13 +67,7 @@ class Config:
     # --- validation ----------------------------------------------------------------------------
     def validate(self) -> None:
         """Check every field and the directory; raise ``ValueError`` / ``FileNotFoundError`` naming the fix."""
-        directory = Path(self.model_dir)
-        if not directory.is_dir():
-            what = "is a file, not a directory" if directory.exists() else "does not exist"
-            raise FileNotFoundError(f"inference model directory {directory} {what}: {_EXPORT_HINT}")
-        if not self.json_path.is_file():
-            raise FileNotFoundError(f"no {self.json_path.name} in {directory}: it is not an inference directory; "
-                                    f"{_EXPORT_HINT}")
+        # The fields first: a misspelt backend is reported as such, whatever the directory holds.
         if self.backend not in BACKENDS:
             raise ValueError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
         if self.precision not in PRECISIONS:
@@ -85,6 +79,13 @@ class Config:
         if self.num_threads is not None and (isinstance(self.num_threads, bool) or not isinstance(self.num_threads, int)
                                              or self.num_threads < 1):
             raise ValueError(f"num_threads must be a positive int or None (one per core), got {self.num_threads!r}")
+        directory = Path(self.model_dir)
+        if not directory.is_dir():
+            what = "is a file, not a directory" if directory.exists() else "does not exist"
+            raise FileNotFoundError(f"inference model directory {directory} {what}: {_EXPORT_HINT}")
+        if not self.json_path.is_file():
+            raise FileNotFoundError(f"no {self.json_path.name} in {directory}: it is not an inference directory; "
+                                    f"{_EXPORT_HINT}")
         if self.backend == "onnxruntime" and not self.onnx_path.is_file():
             reason = self.meta().get("onnx_error")
             why = f" (the ONNX export failed: {reason})" if reason else ""
