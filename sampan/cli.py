@@ -395,13 +395,16 @@ def _add_export_parser(verbs) -> None:
     """The ``export`` verb: a saved model directory -> an inference directory (sampan.inference)."""
     export = verbs.add_parser(
         "export", help="export a saved model for inference (ONNX + torch.export, checked against eager)",
-        description="Load a sampan model directory (config.json + model.safetensors: ERNIE sequence / token "
-                    "classification, ERNIE masked LM or GPT causal LM), export it with dynamic batch and sequence "
+        description="Load a sampan model (a save_pretrained directory: config.json + model.safetensors; a "
+                    "`sampan finetune` output in either --save layout; or a stored model's name from `sampan hub "
+                    "list`: ERNIE sequence / token classification, ERNIE masked LM or GPT causal LM), export it with dynamic batch and sequence "
                     "to OUT/inference.onnx + inference.pt2 + inference.json, check both against the eager model "
                     "at several shapes, and copy tokenizer.json / task.json / config.json along. Run it with "
                     "sampan.inference.create_predictor(Config(OUT)). Details: docs/inference.md.",
         epilog="example:  sampan export --model-dir outputs/sentiment --out outputs/sentiment-inference")
-    export.add_argument("--model-dir", required=True, help="a directory written by save_pretrained")
+    export.add_argument("--model-dir", required=True,
+                        help="a directory written by save_pretrained or `sampan finetune` (either --save layout), "
+                             "or a stored model's name (`sampan hub list`)")
     export.add_argument("--out", required=True, help="the inference directory to write (atomically)")
     export.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     export.set_defaults(func=_cmd_export)

@@ -377,6 +377,27 @@ def test_adapter_layout_loads_equal_to_the_merged_layout(runs, method, base_dir)
     assert meta_m["metrics"] == meta_a["metrics"]  # the same run, saved two ways
 
 
+@pytest.mark.parametrize("name", ["adapter", "adapter-adapter-layout", "lora-adapter-layout", "full-embedding-lora"])
+def test_every_finetune_output_exports_for_inference(runs, name, tmp_path):
+    """`sampan export` takes what `sampan finetune` wrote, whichever method and layout: the graph
+    equals the model load_task_model builds (adapter modules kept, LoRA merged)."""
+    import numpy as np
+
+    from sampan.inference import Config, create_predictor, export_model_dir
+
+    source = runs[name].output_dir
+    out = export_model_dir(source, tmp_path / "export")
+    model, tokenizer, _ = load_task_model(source)
+    enc = tokenize_for_task(tokenizer, ["江泽民在北京会见了克林顿总统。"], 48)[0]
+    ids = np.array([enc.input_ids], dtype=np.int64)
+    with torch.no_grad():
+        expected = model(torch.from_numpy(ids), attention_mask=torch.ones(ids.shape, dtype=torch.long)).numpy()
+    got = create_predictor(Config(out)).run([ids, np.ones_like(ids)])[0]
+    np.testing.assert_allclose(got, expected, atol=1e-4)
+    assert "base_model_dir" not in json.loads((out / "task.json").read_text(encoding="utf-8"))
+    assert (out / "tokenizer.json").is_file()
+
+
 def test_full_finetune_with_frozen_embeddings_saves_only_what_trained(runs, base_dir):
     """freeze + save='adapter': a full fine-tune stored as the tensors that moved, over the base."""
     from safetensors.torch import load_file

@@ -113,6 +113,37 @@ def test_cli_export_refuses_an_existing_directory(ernie, capsys):
     assert "already exists: pass overwrite=True (`sampan export --overwrite`)" in capsys.readouterr().err
 
 
+def test_cli_export_takes_a_store_name_and_an_adapter_layout_model(tmp_path, capsys):
+    """The shipped sentiment model is a `--save adapter` directory (trained tensors over its base,
+    no config.json, no tokenizer): `sampan export ernie-tiny-sentiment` merges it over the base and
+    exports what Taskflow runs."""
+    from sampan.finetune import load_task_model
+    from sampan.hub import resolve
+    from sampan.text.tokenizer import ChineseTokenizer
+
+    source = resolve("ernie-tiny-sentiment")
+    assert not (source / "model.safetensors").exists() and "base_model_dir" in json.loads(
+        (source / "task.json").read_text(encoding="utf-8"))
+    out = tmp_path / "sentiment-export"
+    assert cli_main(["export", "--model-dir", "ernie-tiny-sentiment", "--out", str(out)]) == 0
+    capsys.readouterr()
+    meta = json.loads((out / "task.json").read_text(encoding="utf-8"))
+    assert "base_model_dir" not in meta and meta["labels"] == ["negative", "positive"]
+    base = resolve("ernie-tiny-zh")
+    assert (out / "tokenizer.json").read_bytes() == (base / "tokenizer.json").read_bytes()
+    assert json.loads((out / "inference.json").read_text())["sampan_model"]["task"] == "sentiment_analysis"
+    tokenizer = ChineseTokenizer.load(out / "tokenizer.json")
+    ids = np.array([tokenizer.encode("这家餐厅的服务非常棒").ids], dtype=np.int64)
+    mask = np.ones_like(ids)
+    eager, _, _ = load_task_model(source)
+    expected = _eager(eager.float().eval(), ids, mask)
+    np.testing.assert_allclose(create_predictor(Config(out)).run([ids, mask])[0], expected, atol=1e-4)
+    assert expected[0].argmax() == 1  # positive, as Taskflow says
+    assert cli_main(["export", "--model-dir", "no-such-model", "--out", str(tmp_path / "x")]) == 2
+    assert "no-such-model is neither a model directory nor a stored model" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
 @pytest.mark.parametrize("batch,seq", SHAPES)
 def test_ernie_eager_equals_onnxruntime_equals_torch(ernie, ernie_predictor, batch, seq):
     ids, mask = _ids(batch, seq), _mask(batch, seq)

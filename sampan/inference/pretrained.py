@@ -150,11 +150,53 @@ def _then_record(check, model: nn.Module, task: str | None):
 
 def export_model_dir(model_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], *,
                      overwrite: bool = False, task: str | None = None) -> Path:
-    """Export a saved sampan model directory (config.json + model.safetensors), taking its
-    tokenizer.json / task.json / config.json along; what ``sampan export`` runs."""
-    from sampan.models.pretrained import from_pretrained
+    """Export a saved sampan model, taking its tokenizer.json / task.json / config.json along; what
+    ``sampan export`` runs.
 
-    source = Path(model_dir)
-    model = from_pretrained(source, dtype="float32")
-    extras = [source / name for name in COMPANION_FILES if (source / name).is_file()]
-    return export_pretrained(model, out_dir, task=task, overwrite=overwrite, extra_files=tuple(extras))
+    ``model_dir`` is a directory written by ``save_pretrained`` (config.json + model.safetensors), a
+    fine-tuned model (``task.json``, either layout: ``sampan finetune --save adapter`` writes only
+    the trained tensors over a base, which are loaded over it and merged first), or the name of a
+    stored model (``sampan hub list``: ``ernie-tiny-sentiment``). An adapter-layout model has no
+    tokenizer of its own: its base's is taken, and the ``task.json`` copied drops ``base_model_dir``,
+    since the exported graph holds the merged weights.
+    """
+    import json
+    import tempfile
+
+    source = _model_source(model_dir)
+    task_file = source / "task.json"
+    meta = json.loads(task_file.read_text(encoding="utf-8")) if task_file.is_file() else {}
+    # Only an adapter layout (no weights of its own) or adapter modules need the fine-tuning loader;
+    # merged weights load as they are, and their task.json travels verbatim.
+    if "base_model_dir" not in meta and meta.get("method") != "adapter":
+        from sampan.models.pretrained import from_pretrained
+
+        model = from_pretrained(source, dtype="float32")
+        extras = [source / name for name in COMPANION_FILES if (source / name).is_file()]
+        return export_pretrained(model, out_dir, task=task or meta.get("task"), overwrite=overwrite,
+                                 extra_files=tuple(extras))
+    from sampan.finetune import load_task_model
+
+    model, _, meta = load_task_model(source)
+    extras = [source / name for name in ("tokenizer.json", "config.json") if (source / name).is_file()]
+    base = meta.pop("base_model_dir", None)
+    if base and not (source / "tokenizer.json").is_file():
+        extras.append((source / base).resolve() / "tokenizer.json")
+    with tempfile.TemporaryDirectory(prefix="sampan-export-") as tmp:
+        task_file = Path(tmp) / "task.json"  # the copy that travels: no base_model_dir
+        task_file.write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        return export_pretrained(model.float().eval(), out_dir, task=task or meta.get("task"), overwrite=overwrite,
+                                 extra_files=(*extras, task_file))
+
+
+def _model_source(model_dir: str | os.PathLike[str]) -> Path:
+    """A model directory as given, or the store's directory for a model name."""
+    path = Path(model_dir)
+    if path.is_dir() or os.sep in str(model_dir):
+        return path  # a path: from_pretrained / load_task_model say what is wrong with it
+    from sampan.hub.store import ModelNotFoundError, resolve
+
+    try:
+        return resolve(str(model_dir))
+    except ModelNotFoundError as err:
+        raise FileNotFoundError(f"{model_dir} is neither a model directory nor a stored model: {err}") from None
