@@ -233,6 +233,28 @@ def test_readme_snippets_run_in_a_fresh_process(sampan_home):
     assert re.search(r"[\u4e00-\u9fff]", lines[1])
 
 
+def test_a_deployed_taskflow_imports_no_torch(sampan_home):
+    """Once a model is exported, running it needs ONNX Runtime, numpy and the tokenizer only: every
+    task answers in a fresh process without importing torch (about 1 s of start-up saved), and
+    answers what this process, which has torch, answers."""
+    import json
+    import os
+
+    texts = {"sentiment_analysis": "这家餐厅的服务非常棒", "ner": "毛泽东在北京会见了克林顿总统。",
+             "word_segmentation": "我爱北京天安门", "fill_mask": "中国的首都是北[MASK]", "text_generation": "三国",
+             "poetry_generation": "春"}
+    here = {task: Taskflow(task)(text) for task, text in texts.items()}  # exports what is not cached yet
+    code = ("import json, sys\nfrom sampan import Taskflow\n"
+            f"texts = {texts!r}\n"
+            "out = {task: Taskflow(task)(text) for task, text in texts.items()}\n"
+            "print(json.dumps({'torch': 'torch' in sys.modules, 'out': out}, ensure_ascii=False))\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=True,
+                         env={**os.environ, "SAMPAN_HOME": str(sampan_home)})
+    fresh = json.loads(run.stdout.strip().splitlines()[-1])
+    assert fresh["torch"] is False
+    assert fresh["out"] == json.loads(json.dumps(here, ensure_ascii=False))
+
+
 def test_tasks_benchmark_quick(sampan_home, sentiment, tmp_path):
     """benchmarks/tasks.py --quick runs every section and writes the figures the README table reads."""
     import json

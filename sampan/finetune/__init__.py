@@ -12,23 +12,62 @@
 See docs/finetune.md for data formats, methods, outputs, metrics and the split rules.
 """
 
-from sampan.finetune.adapter import AdaptedLinear, BottleneckAdapter, apply_adapters
-from sampan.finetune.config import DEFAULT_LORA_TARGETS, METHODS, TASKS, FinetuneConfig
-from sampan.finetune.data import (
-    TaskData,
-    TaskExample,
-    bio_labels,
-    load_task_data,
-    read_jsonl,
-    sentence_windows,
-)
-from sampan.finetune.encoding import Encoded, PadCollator, encode_examples, tokenize_for_task
-from sampan.finetune.evaluate import evaluate_examples, predict_logits
-from sampan.finetune.lora import LoRAEmbedding, LoRALinear, apply_embedding_lora, apply_lora, merge_lora
-from sampan.finetune.metrics import accuracy, flat_span_metrics, span_f1
-from sampan.finetune.run import FinetuneResult, finetune
-from sampan.finetune.tags import TagTransitions, count_transitions, decode_entities, encode_bio, viterbi_bio
-from sampan.finetune.task_model import load_task_model, read_task_meta
+# The names load on first use: Taskflow's NER decoding needs only the numpy tag code in
+# ``sampan.finetune.tags``, and importing the package must not import torch for it (~1 s).
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from sampan.finetune.adapter import AdaptedLinear, BottleneckAdapter, apply_adapters
+    from sampan.finetune.config import DEFAULT_LORA_TARGETS, METHODS, TASKS, FinetuneConfig
+    from sampan.finetune.data import (
+        TaskData,
+        TaskExample,
+        bio_labels,
+        load_task_data,
+        read_jsonl,
+        sentence_windows,
+    )
+    from sampan.finetune.encoding import Encoded, PadCollator, encode_examples, tokenize_for_task
+    from sampan.finetune.evaluate import evaluate_examples, predict_logits
+    from sampan.finetune.lora import LoRAEmbedding, LoRALinear, apply_embedding_lora, apply_lora, merge_lora
+    from sampan.finetune.metrics import accuracy, flat_span_metrics, span_f1
+    from sampan.finetune.run import FinetuneResult, finetune
+    from sampan.finetune.tags import (
+        TagTransitions,
+        count_transitions,
+        decode_entities,
+        encode_bio,
+        viterbi_bio,
+    )
+    from sampan.finetune.task_model import load_task_model, read_task_meta
+
+_SUBMODULES = {
+    "adapter": ("AdaptedLinear", "BottleneckAdapter", "apply_adapters"),
+    "config": ("DEFAULT_LORA_TARGETS", "METHODS", "TASKS", "FinetuneConfig"),
+    "data": ("TaskData", "TaskExample", "bio_labels", "load_task_data", "read_jsonl", "sentence_windows"),
+    "encoding": ("Encoded", "PadCollator", "encode_examples", "tokenize_for_task"),
+    "evaluate": ("evaluate_examples", "predict_logits"),
+    "lora": ("LoRAEmbedding", "LoRALinear", "apply_embedding_lora", "apply_lora", "merge_lora"),
+    "metrics": ("accuracy", "flat_span_metrics", "span_f1"),
+    "run": ("FinetuneResult", "finetune"),
+    "tags": ("TagTransitions", "count_transitions", "decode_entities", "encode_bio", "viterbi_bio"),
+    "task_model": ("load_task_model", "read_task_meta"),
+}
+_WHERE = {name: module for module, names in _SUBMODULES.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        value = getattr(importlib.import_module(f"sampan.finetune.{_WHERE[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'sampan.finetune' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))
+
 
 __all__ = [
     "DEFAULT_LORA_TARGETS",

@@ -9,13 +9,34 @@
 
 Backends: ONNX Runtime (the ``.onnx``, default) and torch (the ``.pt2``); ``precision="int8"``
 quantizes the weights with ONNX Runtime's dynamic quantization. See docs/inference.md.
+
+The predictor side imports no torch (ONNX Runtime and numpy only), so a deployment needs neither
+torch nor its import time; the export functions, which run torch, load on first use.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from sampan.inference.config import Config
-from sampan.inference.export import export_model
 from sampan.inference.int8 import int8_model_path
 from sampan.inference.predictor import InputHandle, OutputHandle, Predictor, create_predictor
-from sampan.inference.pretrained import export_model_dir, export_pretrained
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from sampan.inference.export import export_model
+    from sampan.inference.pretrained import export_model_dir, export_pretrained
+
+_EXPORTERS = {"export_model": "sampan.inference.export", "export_model_dir": "sampan.inference.pretrained",
+              "export_pretrained": "sampan.inference.pretrained"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTERS:
+        value = getattr(importlib.import_module(_EXPORTERS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'sampan.inference' has no attribute {name!r}")
 
 __all__ = [
     "Config",

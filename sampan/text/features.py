@@ -18,9 +18,12 @@ import re
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # torch loads in lookup(): the tokenizer and Taskflow import this module without it
+    import torch
 
 FEATURE_NAMES = ("pinyin", "radical", "stroke")
 # Stroke counts above this share the last id (the most complex common hanzi has 36).
@@ -86,7 +89,6 @@ class CharFeatures:
             if table.size and (table[:, column].min() < 0 or table[:, column].max() >= limit):
                 raise ValueError(f"{name} ids in the feature table must lie in [0, {limit})")
         self.table = table
-        self._torch_table = torch.from_numpy(table)
 
     @classmethod
     def build(cls, tokens: Sequence[str]) -> CharFeatures:
@@ -111,7 +113,9 @@ class CharFeatures:
         unknown = set(names) - set(FEATURE_NAMES)
         if unknown:
             raise ValueError(f"unknown feature(s) {sorted(unknown)}; choose from {list(FEATURE_NAMES)}")
-        rows = self._torch_table[input_ids]
+        import torch
+
+        rows = torch.from_numpy(self.table)[input_ids]  # a view of the table, no copy
         return {f"{name}_ids": rows[..., FEATURE_NAMES.index(name)] for name in names}
 
     def describe(self, token_id: int) -> dict[str, object]:
