@@ -53,6 +53,8 @@ FULL = {"shapes": "32x128,4x57,1x20", "repeats": 5, "block_seconds": 0.5, "cold_
 QUICK = {"shapes": "2x16", "repeats": 1, "block_seconds": 0.05, "cold_starts": 1}
 PROFILED_RUNS = 10
 COLD_START = "from sampan.taskflow import Taskflow; Taskflow('sentiment_analysis')('好')"
+# Printed after the timed part's result, to record whether that start-up paid torch's import.
+TORCH_CHECK = "; import sys; print('torch' in sys.modules)"
 AGREE_ATOL = 1e-4
 
 
@@ -234,12 +236,15 @@ def skip_layer_norm_kernel(shape: tuple[int, int], hidden: int, args: argparse.N
     return out
 
 
-def _fresh_run(home: Path) -> float:
+def _fresh_run(home: Path, imported: list[bool]) -> float:
+    """Seconds of one fresh interpreter running COLD_START; appends whether it imported torch."""
     env = dict(os.environ, SAMPAN_HOME=str(home))
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-W", "ignore", "-c", COLD_START], env=env, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.perf_counter() - start
+    run = subprocess.run([sys.executable, "-W", "ignore", "-c", COLD_START + TORCH_CHECK], env=env, check=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    seconds = time.perf_counter() - start
+    imported.append(run.stdout.strip().splitlines()[-1] == "True")
+    return seconds
 
 
 def cold_start(args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -247,7 +252,8 @@ def cold_start(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     the first run (export + fusion, once per model), then alternately with the fused file cached
     and with it deleted first (the rewrite at load that sampan did before caching it)."""
     home = work / "home"
-    first = _fresh_run(home)
+    torch_imported: dict[str, list[bool]] = {"first_use": [], "cached": [], "rewritten_at_load": []}
+    first = _fresh_run(home, torch_imported["first_use"])
     fused = sorted(home.glob("cache/inference/*/inference.ort.onnx"))
     if len(fused) != 1:
         raise SystemExit(f"expected one fused graph under {home}/cache/inference after the first run, found {fused}")
@@ -256,9 +262,9 @@ def cold_start(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         for side in (("cached", "rewritten_at_load") if i % 2 == 0 else ("rewritten_at_load", "cached")):
             if side == "rewritten_at_load":
                 fused[0].unlink()
-            sides[side].append(_fresh_run(home))
+            sides[side].append(_fresh_run(home, torch_imported[side]))
     out = {"first_use_s": first, **{f"{k}_s": statistics.median(v) for k, v in sides.items()},
-           "runs_s": sides, "command": f'python -c "{COLD_START}"'}
+           "runs_s": sides, "torch_imported": torch_imported, "command": f'python -c "{COLD_START}"'}
     out["cached_speedup"] = out["rewritten_at_load_s"] / out["cached_s"]
     print(f"cold start: first use {first:.2f} s, cached {out['cached_s']:.2f} s, "
           f"rewritten at load {out['rewritten_at_load_s']:.2f} s", flush=True)

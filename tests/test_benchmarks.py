@@ -188,3 +188,5 @@ def test_predictor_quick(tmp_path):
     cold = result["cold_start"]
     assert len(cold["runs_s"]["cached"]) == len(cold["runs_s"]["rewritten_at_load"]) == 1
     assert cold["first_use_s"] > 0 and cold["cached_s"] > 0
+    # exporting needs torch; answering from the cached export does not
+    assert cold["torch_imported"]["first_use"] == [True] and cold["torch_imported"]["cached"] == [False]

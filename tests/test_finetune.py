@@ -398,6 +398,43 @@ def test_every_finetune_output_exports_for_inference(runs, name, tmp_path):
     assert (out / "tokenizer.json").is_file()
 
 
+def test_a_base_with_character_features_goes_from_finetune_to_taskflow(base_dir, tmp_path, monkeypatch):
+    """Pinyin / radical / stroke embeddings survive the whole path: fine-tune over a base that
+    embeds them (adapter layout), then Taskflow exports it and answers what the eager model does
+    with the looked-up feature ids."""
+    import shutil
+
+    from sampan.models.pretrained import from_pretrained
+    from sampan.taskflow import Taskflow
+    from sampan.text import CharFeatures
+
+    monkeypatch.setenv("SAMPAN_HOME", str(tmp_path / "home"))
+    tokenizer = ChineseTokenizer.load(base_dir / "tokenizer.json")
+    features = CharFeatures.build(tokenizer.tokens())
+    torch.manual_seed(0)
+    base_model = from_pretrained(base_dir)
+    config = base_model.config.replace(**features.vocab_sizes())
+    with_features = create(config, head="masked_lm")
+    with_features.load_state_dict(base_model.state_dict(), strict=False)  # the new feature tables stay random
+    base = with_features.save_pretrained(tmp_path / "base-with-features")
+    shutil.copyfile(base_dir / "tokenizer.json", base / "tokenizer.json")
+    features.save(base / "features.json")
+    out = tmp_path / "sentiment-features"
+    finetune(FinetuneConfig(task="sentiment_analysis", model=str(base), output_dir=str(out), method="full",
+                            learning_rate=1e-3, save="adapter", freeze=("ernie.embeddings.word_embeddings",), **FAST))
+    model, tokenizer, meta = load_task_model(out)
+    assert meta["features"] == ["pinyin", "radical", "stroke"]
+    texts = ["这家餐厅的服务非常棒", "房间太旧了"]
+    flow = Taskflow("sentiment_analysis", model=str(out))
+    enc = tokenize_for_task(tokenizer, texts, 48)
+    for text, e, answer in zip(texts, enc, flow(texts), strict=True):
+        ids = torch.tensor([e.input_ids])
+        with torch.no_grad():
+            probs = model(ids, **features.lookup(ids)).softmax(-1)[0]
+        assert answer["text"] == text and answer["label"] == meta["labels"][int(probs.argmax())]
+        assert answer["score"] == pytest.approx(float(probs.max()), abs=1e-3)
+
+
 def test_full_finetune_with_frozen_embeddings_saves_only_what_trained(runs, base_dir):
     """freeze + save='adapter': a full fine-tune stored as the tensors that moved, over the base."""
     from safetensors.torch import load_file

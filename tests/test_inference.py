@@ -547,10 +547,51 @@ def test_a_failing_export_leaves_no_directory(tmp_path):
 def test_export_pretrained_refuses_what_it_cannot_export(tmp_path):
     with pytest.raises(TypeError, match="export_pretrained takes ErnieForSequenceClassification, .* got ErnieModel"):
         export_pretrained(create("ernie-tiny", head="none", **TINY), tmp_path / "x")
-    with pytest.raises(ValueError, match="does not export models with pinyin embeddings"):
+    with pytest.raises(ValueError, match="the model embeds pinyin features: pass features=CharFeatures.load"):
         export_pretrained(create("ernie-tiny", head="sequence_classification", pinyin_vocab_size=50, **TINY),
                           tmp_path / "y")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_model_with_character_features_exports_with_the_lookup_inside_the_graph(tmp_path):
+    """Pinyin / radical / stroke ids are not inputs of the graph: it gathers them from the
+    features table, so the exported model takes (input_ids, attention_mask) like any other and
+    computes what the eager model computes given the looked-up ids."""
+    from sampan.inference import export_model_dir
+    from sampan.text import CharFeatures, ChineseTokenizer, load_corpus
+
+    tokenizer = ChineseTokenizer.train([d.text for d in load_corpus("news", "train")[:300]], vocab_size=400)
+    features = CharFeatures.build(tokenizer.tokens())
+    torch.manual_seed(0)
+    config = {**TINY, "vocab_size": tokenizer.vocab_size, **features.vocab_sizes()}
+    model = create("ernie-tiny", head="sequence_classification", initializer_range=0.2, **config).eval()
+    model_dir = model.save_pretrained(tmp_path / "with-features")
+    tokenizer.save(model_dir / "tokenizer.json")
+    features.save(model_dir / "features.json")
+    out = export_model_dir(model_dir, tmp_path / "export")
+    assert [i["name"] for i in json.loads((out / "inference.json").read_text())["inputs"]] == ["input_ids",
+                                                                                                 "attention_mask"]
+    assert (out / "features.json").is_file() is False  # nothing to ship: the table is in the graph
+    ids = np.array([e.ids for e in tokenizer.encode_batch(["新华社北京电", "中国人民"])], dtype=object)
+    width = max(len(row) for row in ids)
+    batch = np.zeros((2, width), dtype=np.int64)
+    mask = np.zeros((2, width), dtype=np.int64)
+    for row, seq in enumerate(ids):
+        batch[row, : len(seq)], mask[row, : len(seq)] = seq, 1
+    looked_up = features.lookup(torch.from_numpy(batch))
+    with torch.no_grad():
+        expected = model(torch.from_numpy(batch), attention_mask=torch.from_numpy(mask), **looked_up).numpy()
+        without = model(torch.from_numpy(batch), attention_mask=torch.from_numpy(mask),
+                        **{k: torch.zeros_like(v) for k, v in looked_up.items()}).numpy()  # every id "none"
+    assert np.abs(expected - without).max() > 1e-3  # the features matter, so the check below means something
+    for backend in ("onnxruntime", "torch"):
+        got = create_predictor(Config(out, backend=backend)).run([batch, mask])[0]
+        np.testing.assert_allclose(got, expected, atol=1e-4)
+    int8 = create_predictor(Config(out, precision="int8")).run([batch, mask])[0]
+    assert int8.shape == expected.shape and np.abs(int8 - expected).max() < 0.1 * np.abs(expected).max()
+    other = CharFeatures(features.pinyin_vocab, features.radical_vocab, features.table[:10])
+    with pytest.raises(ValueError, match="features cover 10 token ids but the model's vocab_size is"):
+        export_pretrained(model, tmp_path / "z", features=other)
 
 
 def test_split_skip_layer_norms_keeps_a_node_whose_statistics_are_read():

@@ -14,6 +14,7 @@ from torch import nn
 from sampan.inference.config import MODEL_PREFIX
 from sampan.inference.export import export_model
 from sampan.static import InputSpec
+from sampan.text.features import FEATURE_NAMES, CharFeatures
 
 # Extra files of a model directory that travel with its export (tokenizer, task head, model config).
 COMPANION_FILES = ("tokenizer.json", "task.json", "config.json")
@@ -24,14 +25,28 @@ VERIFY_TOLERANCE = 1e-4
 
 
 class EncoderLogits(nn.Module):
-    """An ERNIE head as ``(input_ids [B, S], attention_mask [B, S]) -> logits``."""
+    """An ERNIE head as ``(input_ids [B, S], attention_mask [B, S]) -> logits``.
 
-    def __init__(self, model: nn.Module):
+    A model that embeds character features (pinyin / radical / stroke) gets them inside the graph:
+    ``feature_table [vocab, k]`` (the ``CharFeatures`` columns it uses) is a constant of the graph,
+    and each token's feature ids are gathered from it. So the graph's inputs stay the two a
+    tokenizer makes, and Taskflow, serving and any client run such a model like any other.
+    """
+
+    def __init__(self, model: nn.Module, feature_table: torch.Tensor | None = None,
+                 feature_names: tuple[str, ...] = ()):
         super().__init__()
         self.model = model
+        self.feature_names = feature_names
+        if feature_table is not None:
+            self.register_buffer("feature_table", feature_table, persistent=False)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids, attention_mask=attention_mask)
+        if not self.feature_names:
+            return self.model(input_ids, attention_mask=attention_mask)
+        rows = self.feature_table[input_ids]
+        features = {f"{name}_ids": rows[..., i] for i, name in enumerate(self.feature_names)}
+        return self.model(input_ids, attention_mask=attention_mask, **features)
 
 
 class DecoderLogits(nn.Module):
@@ -45,19 +60,27 @@ class DecoderLogits(nn.Module):
         return self.model(input_ids)
 
 
-def _wrap(model: nn.Module) -> tuple[nn.Module, list[InputSpec]]:
+def _wrap(model: nn.Module, features: CharFeatures | None = None) -> tuple[nn.Module, list[InputSpec]]:
     from sampan.models import ErnieForMaskedLM, ErnieForSequenceClassification, ErnieForTokenClassification
     from sampan.models.gpt.modeling import GPTForCausalLM
 
     ids = InputSpec([None, None], "int64", "input_ids")
     if isinstance(model, (ErnieForSequenceClassification, ErnieForTokenClassification, ErnieForMaskedLM)):
         config = model.config
-        features = [f for f in ("pinyin", "radical", "stroke") if getattr(config, f"{f}_vocab_size", 0)]
-        if features:
-            raise ValueError(f"export_pretrained does not export models with {', '.join(features)} embeddings "
-                             "yet (their ids are extra inputs): use sampan.inference.export_model with a function "
-                             "that takes them")
-        return EncoderLogits(model), [ids, InputSpec([None, None], "int64", "attention_mask")]
+        names = tuple(f for f in FEATURE_NAMES if getattr(config, f"{f}_vocab_size", 0))
+        specs = [ids, InputSpec([None, None], "int64", "attention_mask")]
+        if not names:
+            return EncoderLogits(model), specs
+        if features is None:
+            raise ValueError(f"the model embeds {', '.join(names)} features: pass features=CharFeatures.load(...) "
+                             "(the features.json beside its weights) so the graph can look them up; "
+                             "export_model_dir and `sampan export` find it themselves")
+        if features.table.shape[0] < config.vocab_size:
+            raise ValueError(f"features cover {features.table.shape[0]} token ids but the model's vocab_size is "
+                             f"{config.vocab_size}: they do not belong together")
+        columns = [FEATURE_NAMES.index(n) for n in names]
+        table = torch.from_numpy(features.table[: config.vocab_size, columns].copy())
+        return EncoderLogits(model, table, names), specs
     if isinstance(model, GPTForCausalLM):
         return DecoderLogits(model), [ids]
     raise TypeError(f"export_pretrained takes ErnieForSequenceClassification, ErnieForTokenClassification, "
@@ -103,7 +126,7 @@ def _verifier(wrapper: nn.Module, n_inputs: int):
 
 def export_pretrained(model: nn.Module, out_dir: str | os.PathLike[str], *, task: str | None = None,
                       overwrite: bool = False, extra_files: tuple[str | os.PathLike[str], ...] = (),
-                      verify: bool = True) -> Path:
+                      verify: bool = True, features: CharFeatures | None = None) -> Path:
     """Export one of sampan's models to an inference directory with dynamic batch and sequence.
 
     ERNIE heads become ``(input_ids [B, S], attention_mask [B, S]) -> logits`` and
@@ -113,13 +136,16 @@ def export_pretrained(model: nn.Module, out_dir: str | os.PathLike[str], *, task
     Before the directory is kept, both the ONNX and torch programs are run at batch 1 and 3 and
     lengths 5 and 17 and must equal the eager model within 1e-4 (``verify=False`` skips this).
     ``task`` is recorded in ``inference.json`` under ``sampan_model``; ``extra_files`` are copied in.
+    A model with pinyin / radical / stroke embeddings needs ``features`` (its ``features.json``):
+    the graph looks each token's feature ids up itself, so its inputs stay the same two.
     """
-    wrapper, specs = _wrap(model)
     if any(p.device.type != "cpu" or (p.is_floating_point() and p.dtype != torch.float32)
            for p in model.parameters()):
         # The graph is exported for CPU float32 (what ONNX Runtime's CPU provider runs); the caller's
         # model is left as it is.
-        wrapper = type(wrapper)(copy.deepcopy(model).to("cpu", torch.float32))
+        wrapper, specs = _wrap(copy.deepcopy(model).to("cpu", torch.float32), features)
+    else:
+        wrapper, specs = _wrap(model, features)
     training = model.training
     wrapper.eval()
     try:
@@ -174,7 +200,7 @@ def export_model_dir(model_dir: str | os.PathLike[str], out_dir: str | os.PathLi
         model = from_pretrained(source, dtype="float32")
         extras = [source / name for name in COMPANION_FILES if (source / name).is_file()]
         return export_pretrained(model, out_dir, task=task or meta.get("task"), overwrite=overwrite,
-                                 extra_files=tuple(extras))
+                                 extra_files=tuple(extras), features=model_features(source))
     from sampan.finetune import load_task_model
 
     model, _, meta = load_task_model(source)
@@ -186,7 +212,22 @@ def export_model_dir(model_dir: str | os.PathLike[str], out_dir: str | os.PathLi
         task_file = Path(tmp) / "task.json"  # the copy that travels: no base_model_dir
         task_file.write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         return export_pretrained(model.float().eval(), out_dir, task=task or meta.get("task"), overwrite=overwrite,
-                                 extra_files=(*extras, task_file))
+                                 extra_files=(*extras, task_file), features=model_features(source))
+
+
+def model_features(model_dir: str | os.PathLike[str]) -> CharFeatures | None:
+    """The ``features.json`` of a model directory, or of its base for an adapter layout; None if neither has one."""
+    import json
+
+    source = Path(model_dir)
+    candidates = [source / "features.json"]
+    task_file = source / "task.json"
+    if task_file.is_file():
+        base = json.loads(task_file.read_text(encoding="utf-8")).get("base_model_dir")
+        if base:
+            candidates.append((source / base).resolve() / "features.json")
+    found = next((path for path in candidates if path.is_file()), None)
+    return CharFeatures.load(found) if found else None
 
 
 def _model_source(model_dir: str | os.PathLike[str]) -> Path:

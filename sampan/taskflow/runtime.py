@@ -25,7 +25,7 @@ from sampan.hub.store import cache_dir, resolve
 from sampan.text.tokenizer import ChineseTokenizer
 
 # Files whose bytes define a stored model (the export depends on nothing else).
-_MODEL_FILES = ("config.json", "model.safetensors", "task.json", "adapter.safetensors")
+_MODEL_FILES = ("config.json", "model.safetensors", "task.json", "adapter.safetensors", "features.json")
 _EXPORT_VERSION = "1"  # bump when the exported signature changes, to invalidate old caches
 _lock = threading.Lock()
 
@@ -77,13 +77,14 @@ def export_dir(name: str, directory: Path) -> Path:
     if (target / "inference.onnx").is_file() and (target / "inference.json").is_file():
         return target
     from sampan.inference import export_pretrained
+    from sampan.inference.pretrained import model_features
 
     with _lock:  # one export per process at a time; export_pretrained itself is atomic on disk
         if not (target / "inference.onnx").is_file():
             target.parent.mkdir(parents=True, exist_ok=True)
             print(f"sampan: exporting {name} for inference (once per model) -> {target}", file=sys.stderr)
             with quiet_exporter():
-                export_pretrained(eager_model(directory), target, overwrite=True)
+                export_pretrained(eager_model(directory), target, overwrite=True, features=model_features(directory))
     return target
 
 
