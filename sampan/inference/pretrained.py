@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -161,8 +163,6 @@ def _then_record(check, model: nn.Module, task: str | None):
     """Record the model's architecture, config and task in inference.json, then verify."""
 
     def step(directory: Path) -> None:
-        import json
-
         path = directory / f"{MODEL_PREFIX}.json"
         meta: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
         meta["sampan_model"] = {"architecture": type(model).__name__, "task": task,
@@ -186,9 +186,6 @@ def export_model_dir(model_dir: str | os.PathLike[str], out_dir: str | os.PathLi
     tokenizer of its own: its base's is taken, and the ``task.json`` copied drops ``base_model_dir``,
     since the exported graph holds the merged weights.
     """
-    import json
-    import tempfile
-
     source = _model_source(model_dir)
     task_file = source / "task.json"
     meta = json.loads(task_file.read_text(encoding="utf-8")) if task_file.is_file() else {}
@@ -217,8 +214,6 @@ def export_model_dir(model_dir: str | os.PathLike[str], out_dir: str | os.PathLi
 
 def model_features(model_dir: str | os.PathLike[str]) -> CharFeatures | None:
     """The ``features.json`` of a model directory, or of its base for an adapter layout; None if neither has one."""
-    import json
-
     source = Path(model_dir)
     candidates = [source / "features.json"]
     task_file = source / "task.json"
