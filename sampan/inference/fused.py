@@ -10,11 +10,11 @@ which is why the ``.onnx`` an export writes stays standard and the fused graph i
 ernie-tiny (half of it importing onnxscript); a cached file loads with no onnxscript import at all.
 
 One of those fusions is undone on purpose. ONNX Runtime's CPU ``SkipLayerNormalization`` kernel
-(1.32) is about 3.6x slower than the ``Add`` + ``LayerNormalization`` it replaces: 2.45 ms against
-0.68 ms on a 32 x 128 x 256 tensor, 2 threads. So every such node is split back into its adds and a
+(1.32) is about 3x slower than the ``Add`` + ``LayerNormalization`` it replaces: 2.57 ms against
+0.83 ms on a 32 x 128 x 256 tensor, 2 threads. So every such node is split back into its adds and a
 standard ``LayerNormalization`` (:func:`split_skip_layer_norms`), and the backend turns ORT's own
 ``SkipLayerNormFusion`` off so that ORT does not fuse them again. On the shipped sentiment model
-that takes a 32 x 128 batch from 119 to 103 ms (both figures from ``benchmarks/predictor.py``).
+that takes a 32 x 128 batch from 142 to 123 ms, 1.15x (both figures from ``benchmarks/predictor.py``).
 
 The fused file carries, in its ONNX metadata, how many of each fusion applied, the onnxscript
 version that made it and :data:`RECIPE` (what sampan does on top); a file from another onnxscript
