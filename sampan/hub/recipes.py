@@ -131,7 +131,8 @@ class NERSettings(TaskSettings):
 
 @dataclasses.dataclass
 class GPTSettings(DataSettings):
-    """A Chinese GPT trained on the data build's news + 三国演义 rows, with ernie-tiny-zh's tokenizer."""
+    """A Chinese GPT trained on the data build's news + 三国演义 rows and Tang poems, with
+    ernie-tiny-zh's tokenizer."""
 
     model: str = "gpt-tiny"
     hidden_size: int = 256
@@ -142,6 +143,11 @@ class GPTSettings(DataSettings):
     learning_rate: float = 2e-3
     warmup_steps: int = 40
     eval_windows: int = 256  # held-out windows scored (0 = all)
+    # Tang poems (`sampan data fetch poetry`) mixed into the training stream: the first N of the
+    # poetry corpus's train split, about a quarter of the tokens beside news + 三国演义 at 12,000;
+    # 0 = none (the recipe then needs nothing fetched). Held-out poems are scored apart.
+    poetry_docs: int = 12000
+    poetry_test_docs: int = 600
     seed: int = 0
 
 
@@ -242,16 +248,31 @@ def _stream(data: Path, split: str, corpora: list[str]):
 
 
 def build_gpt(settings: GPTSettings, out: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    import numpy as np
+
     import sampan
     from sampan.io import TokenWindowDataset
     from sampan.models import create
     from sampan.trainer.arguments import TrainingArguments
     from sampan.trainer.trainer import Trainer
 
+    if settings.poetry_docs:
+        from sampan.text.corpus.poetry import POEMS_FILE, poetry_dir
+
+        if not (poetry_dir() / POEMS_FILE).is_file():  # before the long data build, not after it
+            raise FileNotFoundError("gpt-zh trains on Tang poems: run `sampan data fetch poetry` first (npm, 85 MB, "
+                                    "once), or build without them: `sampan hub build gpt-zh --set poetry_docs=0`")
     data = _data_build(settings, log)
     corpora = [c for c in settings.corpora.split(",") if c != "reviews"]  # news + 三国演义: prose to continue
     train_ids, test_ids = _stream(data, "train", corpora), _stream(data, "test", corpora)
     vocab = int(json.loads((data / "manifest.json").read_text(encoding="utf-8"))["vocab_size"])
+    poetry_test = None
+    if settings.poetry_docs:
+        poems = _poetry_build(settings, data / "tokenizer.json", log)
+        poetry_train, poetry_test = _stream(poems, "train", ["poetry"]), _stream(poems, "test", ["poetry"])
+        log(f"hub: + {len(poetry_train):,} tokens of {settings.poetry_docs:,} Tang poems")
+        corpora.append("poetry")
+        train_ids = np.concatenate([train_ids, poetry_train])
     log(f"hub: gpt-zh on {len(train_ids):,} training tokens of {'+'.join(corpora)} ({len(test_ids):,} held out)")
     sampan.seed(settings.seed)
     model = create(settings.model, vocab_size=vocab, hidden_size=settings.hidden_size, num_layers=settings.num_layers,
@@ -272,10 +293,36 @@ def build_gpt(settings: GPTSettings, out: Path, log: Callable[[str], None]) -> d
     trainer.train()
     eval_loss = float(trainer.evaluate()["eval_loss"])
     log(f"hub: gpt-zh held-out loss {eval_loss:.3f} (perplexity {math.exp(eval_loss):.1f}, uniform {vocab})")
+    metrics = {"parameters": sum(p.numel() for p in model.parameters()), "heldout_loss": eval_loss,
+               "heldout_perplexity": math.exp(eval_loss)}
+    if poetry_test is not None:
+        if settings.eval_windows:
+            poetry_test = poetry_test[: settings.eval_windows * settings.seq_len + 1]
+        poetry_loss = float(trainer.evaluate(TokenWindowDataset(poetry_test, seq_len=settings.seq_len))["eval_loss"])
+        log(f"hub: gpt-zh held-out Tang poems loss {poetry_loss:.3f}")
+        metrics["heldout_poetry_loss"] = poetry_loss
     model.half().save_pretrained(out)
     shutil.copyfile(data / "tokenizer.json", out / "tokenizer.json")
-    return {"parameters": sum(p.numel() for p in model.parameters()), "heldout_loss": eval_loss,
-            "heldout_perplexity": math.exp(eval_loss)}
+    return metrics
+
+
+def _poetry_build(settings: GPTSettings, tokenizer: Path, log: Callable[[str], None]) -> Path:
+    """A data build of the Tang poems with the shared build's tokenizer, reused when it exists."""
+    import hashlib
+
+    from sampan.text.build import DataBuildConfig, build_data
+
+    digest = hashlib.sha256(tokenizer.read_bytes()).hexdigest()[:12]
+    out = home() / "build" / f"data-poetry-s{settings.seq_len}-d{settings.poetry_docs}-t{settings.poetry_test_docs}-tok{digest}"
+    if (out / "manifest.json").is_file():
+        log(f"hub: reusing data build {out}")
+        return out
+    log(f"hub: data build (poetry, {settings.poetry_docs:,} poems, tokenizer {tokenizer}) -> {out}")
+    cfg = DataBuildConfig(corpora=("poetry",), out=str(out), seq_len=settings.seq_len, tokenizer=str(tokenizer),
+                          entities="none", max_docs=settings.poetry_docs, max_test_docs=settings.poetry_test_docs,
+                          workers=2, overwrite=True)
+    build_data(cfg, log=log)
+    return out
 
 
 def _build_task(task: str, name: str) -> Callable[[TaskSettings, Path, Callable[[str], None]], dict[str, Any]]:
@@ -332,7 +379,8 @@ register(Recipe("ernie-tiny-zh", "fill_mask",
                 "ernie-tiny (4 x 256) pretrained with ERNIE knowledge masking on People's Daily, 三国演义 "
                 "and review text", ErnieSettings, build_ernie))
 register(Recipe("gpt-zh", "text_generation",
-                "a 4 x 256 GPT trained on People's Daily 1998 and 三国演义 with ernie-tiny-zh's tokenizer",
+                "a 4 x 256 GPT trained on People's Daily 1998, 三国演义 and 12,000 Tang poems with ernie-tiny-zh's "
+                "tokenizer",
                 GPTSettings, build_gpt))
 register(Recipe("ernie-tiny-sentiment", "sentiment_analysis",
                 "ernie-tiny-zh fine-tuned (embeddings and first block frozen, a rank-32 update of the word "

