@@ -313,9 +313,11 @@ def _poetry_build(settings: GPTSettings, tokenizer: Path, log: Callable[[str], N
     import hashlib
 
     from sampan.text.build import DataBuildConfig, build_data
+    from sampan.text.corpus.poetry import VERSION
 
     digest = hashlib.sha256(tokenizer.read_bytes()).hexdigest()[:12]
-    out = home() / "build" / f"data-poetry-s{settings.seq_len}-d{settings.poetry_docs}-t{settings.poetry_test_docs}-tok{digest}"
+    out = home() / "build" / (f"data-poetry-{VERSION}-s{settings.seq_len}-d{settings.poetry_docs}"
+                              f"-t{settings.poetry_test_docs}-tok{digest}")
     if (out / "manifest.json").is_file():
         log(f"hub: reusing data build {out}")
         return out

@@ -10,8 +10,8 @@
 Backends: ONNX Runtime (the ``.onnx``, default) and torch (the ``.pt2``); ``precision="int8"``
 quantizes the weights with ONNX Runtime's dynamic quantization. See docs/inference.md.
 
-The predictor side imports no torch (ONNX Runtime and numpy only), so a deployment needs neither
-torch nor its import time; the export functions, which run torch, load on first use.
+The predictor side imports no torch (ONNX Runtime and numpy only), so running an exported model
+does not pay torch's import time; the export functions, which run torch, load on first use.
 """
 
 from __future__ import annotations
