@@ -106,6 +106,21 @@ def resolve(name: str) -> Path:
     raise ModelNotFoundError(f"unknown model {name!r}; known models: {', '.join(known)}")
 
 
+def model_file(directory: str | os.PathLike[str], name: str) -> Path | None:
+    """File ``name`` of a model directory, or of its base when the directory is an adapter layout
+    (``task.json``'s ``base_model_dir``: a delta over a base keeps no tokenizer, config or
+    features of its own); None when neither has it."""
+    directory = Path(directory)
+    if (directory / name).is_file():
+        return directory / name
+    task_file = directory / "task.json"
+    if task_file.is_file():
+        base = json.loads(task_file.read_text(encoding="utf-8")).get("base_model_dir")
+        if base and ((directory / base).resolve() / name).is_file():
+            return (directory / base).resolve() / name
+    return None
+
+
 def list_models() -> list[ModelCard]:
     """Every stored model, the user's builds first; a name in both places is listed once (the user's)."""
     cards: dict[str, ModelCard] = {}

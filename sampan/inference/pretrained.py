@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from sampan.hub.store import model_file
 from sampan.inference.config import MODEL_PREFIX
 from sampan.inference.export import export_model
 from sampan.static import InputSpec
@@ -32,7 +33,7 @@ class EncoderLogits(nn.Module):
     A model that embeds character features (pinyin / radical / stroke) gets them inside the graph:
     ``feature_table [vocab, k]`` (the ``CharFeatures`` columns it uses) is a constant of the graph,
     and each token's feature ids are gathered from it. So the graph's inputs stay the two a
-    tokenizer makes, and Taskflow, serving and any client run such a model like any other.
+    tokenizer makes, and Taskflow or any client runs such a model like any other.
     """
 
     def __init__(self, model: nn.Module, feature_table: torch.Tensor | None = None,
@@ -187,41 +188,46 @@ def export_model_dir(model_dir: str | os.PathLike[str], out_dir: str | os.PathLi
     since the exported graph holds the merged weights.
     """
     source = _model_source(model_dir)
+    model = load_model_dir(source)
     task_file = source / "task.json"
     meta = json.loads(task_file.read_text(encoding="utf-8")) if task_file.is_file() else {}
-    # Only an adapter layout (no weights of its own) or adapter modules need the fine-tuning loader;
-    # merged weights load as they are, and their task.json travels verbatim.
-    if "base_model_dir" not in meta and meta.get("method") != "adapter":
-        from sampan.models.pretrained import from_pretrained
-
-        model = from_pretrained(source, dtype="float32")
+    if "base_model_dir" not in meta:  # the companions are all here: they travel verbatim
         extras = [source / name for name in COMPANION_FILES if (source / name).is_file()]
         return export_pretrained(model, out_dir, task=task or meta.get("task"), overwrite=overwrite,
                                  extra_files=tuple(extras), features=model_features(source))
-    from sampan.finetune import load_task_model
-
-    model, _, meta = load_task_model(source)
-    extras = [source / name for name in ("tokenizer.json", "config.json") if (source / name).is_file()]
-    base = meta.pop("base_model_dir", None)
-    if base and not (source / "tokenizer.json").is_file():
-        extras.append((source / base).resolve() / "tokenizer.json")
+    extras = [path for path in (model_file(source, "tokenizer.json"), source / "config.json") if path and path.is_file()]
+    del meta["base_model_dir"]  # the graph holds the merged weights: no base travels with it
     with tempfile.TemporaryDirectory(prefix="sampan-export-") as tmp:
-        task_file = Path(tmp) / "task.json"  # the copy that travels: no base_model_dir
-        task_file.write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        return export_pretrained(model.float().eval(), out_dir, task=task or meta.get("task"), overwrite=overwrite,
-                                 extra_files=(*extras, task_file), features=model_features(source))
+        copy_of_task = Path(tmp) / "task.json"
+        copy_of_task.write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        return export_pretrained(model, out_dir, task=task or meta.get("task"), overwrite=overwrite,
+                                 extra_files=(*extras, copy_of_task), features=model_features(source))
+
+
+def load_model_dir(model_dir: str | os.PathLike[str]) -> nn.Module:
+    """A stored or saved model directory as an fp32 eval-mode module.
+
+    An adapter layout (``task.json`` names a base) or a model with adapter modules goes through
+    ``sampan.finetune.load_task_model`` (loaded over the base, LoRA merged); anything else is
+    ``from_pretrained`` (a merged fine-tune's ``task.json`` is not needed for that).
+    """
+    source = Path(model_dir)
+    task_file = source / "task.json"
+    meta = json.loads(task_file.read_text(encoding="utf-8")) if task_file.is_file() else {}
+    if "base_model_dir" in meta or meta.get("method") == "adapter":
+        from sampan.finetune import load_task_model
+
+        model, _, _ = load_task_model(source)
+    else:
+        from sampan.models.pretrained import from_pretrained
+
+        model = from_pretrained(source, dtype="float32")
+    return model.float().eval()
 
 
 def model_features(model_dir: str | os.PathLike[str]) -> CharFeatures | None:
     """The ``features.json`` of a model directory, or of its base for an adapter layout; None if neither has one."""
-    source = Path(model_dir)
-    candidates = [source / "features.json"]
-    task_file = source / "task.json"
-    if task_file.is_file():
-        base = json.loads(task_file.read_text(encoding="utf-8")).get("base_model_dir")
-        if base:
-            candidates.append((source / base).resolve() / "features.json")
-    found = next((path for path in candidates if path.is_file()), None)
+    found = model_file(model_dir, "features.json")
     return CharFeatures.load(found) if found else None
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sampan.hub.store import cache_dir, resolve
+from sampan.hub.store import cache_dir, model_file, resolve
 from sampan.text.tokenizer import ChineseTokenizer
 
 # Files whose bytes define a stored model (the export depends on nothing else).
@@ -59,16 +59,10 @@ def _digest(directory: Path) -> str:
 
 
 def eager_model(directory: Path):
-    """The stored model as an fp32 eval-mode torch module (task models through ``load_task_model``)."""
-    if (directory / "task.json").is_file():
-        from sampan.finetune import load_task_model
+    """The stored model as an fp32 eval-mode torch module (``sampan.inference.load_model_dir``)."""
+    from sampan.inference.pretrained import load_model_dir
 
-        model, _, _ = load_task_model(directory)
-    else:
-        from sampan.models.pretrained import from_pretrained
-
-        model = from_pretrained(directory)
-    return model.float().eval()
+    return load_model_dir(directory)
 
 
 def export_dir(name: str, directory: Path) -> Path:
@@ -113,19 +107,14 @@ def load(name: str, precision: str = "fp32", num_threads: int | None = None,
     inference = export_dir(name, directory)
     config = Config(str(inference), backend=backend, num_threads=num_threads or _default_threads(),
                     precision=precision)
-    tokenizer_path = directory / "tokenizer.json"
     task_meta: dict[str, Any] = {}
     if (directory / "task.json").is_file():
         task_meta = json.loads((directory / "task.json").read_text(encoding="utf-8"))
-    if not tokenizer_path.is_file() and task_meta.get("base_model_dir"):
-        tokenizer_path = (directory / task_meta["base_model_dir"] / "tokenizer.json").resolve()
-    if not tokenizer_path.is_file():
+    tokenizer_path = model_file(directory, "tokenizer.json")
+    if tokenizer_path is None:
         raise FileNotFoundError(f"{directory} has no tokenizer.json; rebuild it with `sampan hub build {name}`")
-    model_config = {}
-    if (directory / "config.json").is_file():
-        model_config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-    elif task_meta.get("base_model_dir"):
-        model_config = json.loads((directory / task_meta["base_model_dir"] / "config.json").read_text("utf-8"))
+    config_path = model_file(directory, "config.json")
+    model_config = json.loads(config_path.read_text(encoding="utf-8")) if config_path else {}
     return LoadedModel(name, directory, create_predictor(config), ChineseTokenizer.load(tokenizer_path),
                        task_meta, model_config, inference)
 
