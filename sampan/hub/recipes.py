@@ -171,16 +171,24 @@ def _work_dir(name: str) -> Path:
 
 def _data_build(settings: DataSettings, log: Callable[[str], None]) -> Path:
     """The shared data build, reused when one with the same settings exists."""
-    from sampan.text.build import DataBuildConfig, build_data
+    from sampan.text.build import DataBuildConfig
 
     key = f"data-{settings.corpora.replace(',', '+')}-v{settings.vocab_size}-s{settings.seq_len}-d{settings.max_docs}"
     out = home() / "build" / key
+    return _cached_build(DataBuildConfig(corpora=tuple(settings.corpora.split(",")), out=str(out),
+                                         seq_len=settings.seq_len, vocab_size=settings.vocab_size,
+                                         max_docs=settings.max_docs, workers=2, overwrite=True), log)
+
+
+def _cached_build(cfg: Any, log: Callable[[str], None]) -> Path:
+    """``cfg.out`` (a ``DataBuildConfig``'s), built now unless a finished build is there already."""
+    from sampan.text.build import build_data
+
+    out = Path(cfg.out)
     if (out / "manifest.json").is_file():
         log(f"hub: reusing data build {out}")
         return out
-    log(f"hub: data build ({settings.corpora}, vocab {settings.vocab_size}) -> {out}")
-    cfg = DataBuildConfig(corpora=tuple(settings.corpora.split(",")), out=str(out), seq_len=settings.seq_len,
-                          vocab_size=settings.vocab_size, max_docs=settings.max_docs, workers=2, overwrite=True)
+    log(f"hub: data build ({', '.join(cfg.corpora)}, max {cfg.max_docs or 'all'} documents each) -> {out}")
     build_data(cfg, log=log)
     return out
 
@@ -258,12 +266,14 @@ def build_gpt(settings: GPTSettings, out: Path, log: Callable[[str], None]) -> d
     from sampan.trainer.arguments import TrainingArguments
     from sampan.trainer.trainer import Trainer
 
-    if settings.poetry_docs:
-        from sampan.text.corpus.poetry import POEMS_FILE, poetry_dir
+    if settings.poetry_docs:  # checked before the long data build, not after it
+        from sampan.text.corpus.poetry import fetched_poems
 
-        if not (poetry_dir() / POEMS_FILE).is_file():  # before the long data build, not after it
-            raise FileNotFoundError("gpt-zh trains on Tang poems: run `sampan data fetch poetry` first (npm, 85 MB, "
-                                    "once), or build without them: `sampan hub build gpt-zh --set poetry_docs=0`")
+        try:
+            fetched_poems()
+        except FileNotFoundError as err:
+            raise FileNotFoundError(f"gpt-zh trains on Tang poems: {err}; or build it without them: "
+                                    "`sampan hub build gpt-zh --set poetry_docs=0`") from None
     data = _data_build(settings, log)
     corpora = [c for c in settings.corpora.split(",") if c != "reviews"]  # news + 三国演义: prose to continue
     train_ids, test_ids = _stream(data, "train", corpora), _stream(data, "test", corpora)
@@ -312,21 +322,15 @@ def _poetry_build(settings: GPTSettings, tokenizer: Path, log: Callable[[str], N
     """A data build of the Tang poems with the shared build's tokenizer, reused when it exists."""
     import hashlib
 
-    from sampan.text.build import DataBuildConfig, build_data
+    from sampan.text.build import DataBuildConfig
     from sampan.text.corpus.poetry import VERSION
 
     digest = hashlib.sha256(tokenizer.read_bytes()).hexdigest()[:12]
     out = home() / "build" / (f"data-poetry-{VERSION}-s{settings.seq_len}-d{settings.poetry_docs}"
                               f"-t{settings.poetry_test_docs}-tok{digest}")
-    if (out / "manifest.json").is_file():
-        log(f"hub: reusing data build {out}")
-        return out
-    log(f"hub: data build (poetry, {settings.poetry_docs:,} poems, tokenizer {tokenizer}) -> {out}")
-    cfg = DataBuildConfig(corpora=("poetry",), out=str(out), seq_len=settings.seq_len, tokenizer=str(tokenizer),
-                          entities="none", max_docs=settings.poetry_docs, max_test_docs=settings.poetry_test_docs,
-                          workers=2, overwrite=True)
-    build_data(cfg, log=log)
-    return out
+    return _cached_build(DataBuildConfig(corpora=("poetry",), out=str(out), seq_len=settings.seq_len,
+                                         tokenizer=str(tokenizer), entities="none", max_docs=settings.poetry_docs,
+                                         max_test_docs=settings.poetry_test_docs, workers=2, overwrite=True), log)
 
 
 def _build_task(task: str, name: str) -> Callable[[TaskSettings, Path, Callable[[str], None]], dict[str, Any]]:

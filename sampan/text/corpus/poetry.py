@@ -142,10 +142,16 @@ def _poems(path: str, mtime: float) -> tuple[tuple[str, str], ...]:
     return tuple(rows)
 
 
-def poetry_documents() -> list[Document]:
-    """One document per Tang poem (its verses, no title), ids ``poetry-<the source's uuid>``."""
+def fetched_poems() -> Path:
+    """The fetched poems file, or ``FileNotFoundError`` naming the command that fetches it."""
     path = poetry_dir() / POEMS_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"the poetry corpus is not fetched yet: run `sampan data fetch poetry` "
+        raise FileNotFoundError(f"the poetry corpus is not fetched yet: run `sampan data fetch poetry` first "
                                 f"(downloads npm {PACKAGE}@{VERSION}, 85 MB, once, into {poetry_dir()})")
+    return path
+
+
+def poetry_documents() -> list[Document]:
+    """One document per Tang poem (its verses, no title), ids ``poetry-<the source's uuid>``."""
+    path = fetched_poems()
     return [Document(f"poetry-{pid}", text) for pid, text in _poems(str(path), path.stat().st_mtime)]
