@@ -78,13 +78,14 @@ def _ernie_config(data: dict, where: str) -> ErnieConfig:
 
 def _stored_model(model: str) -> Path:
     """The store's directory for ``model``, or an error naming all three kinds of name a base can be."""
+    from sampan.hub.recipes import RECIPES
     from sampan.hub.store import ModelNotFoundError, resolve
     from sampan.models import list_models
 
     try:
         return resolve(model)
-    except ModelNotFoundError as err:
-        if "sampan hub build" in str(err):  # a recipe not built yet: its message says how to build it
+    except ModelNotFoundError:
+        if model in RECIPES:  # a recipe not built yet: the store's error says how to build it
             raise
         configs = ", ".join(n for n in list_models() if n.startswith("ernie"))
         raise FileNotFoundError(f"model {model!r} is neither a directory, a stored model (`sampan hub list`) nor "
