@@ -88,12 +88,12 @@ def _onnxscript_as_is(export: Path, work: Path):
     import onnxruntime
     from onnxscript.rewriter.ort_fusions import optimize_for_ort
 
+    from sampan.inference.backends import ort_session_options
+
     model, stats = optimize_for_ort(onnx_ir.load(str(export / "inference.onnx")))
     path = work / "onnxscript-as-is.onnx"
     path.write_bytes(onnx_ir.to_proto(model).SerializeToString())
-    options = onnxruntime.SessionOptions()
-    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    session = onnxruntime.InferenceSession(str(path), ort_session_options(), providers=["CPUExecutionProvider"])
     return session, {k: int(v) for k, v in stats.items() if v}
 
 
@@ -157,11 +157,12 @@ def kernel_shares(graphs: dict[str, tuple[Path, tuple[str, ...]]], shape: tuple[
     run and each op type's share of it, over PROFILED_RUNS runs of one batch."""
     import onnxruntime
 
+    from sampan.inference.backends import ort_session_options
+
     ids, mask = _batch(*shape, vocab)
     out: dict[str, Any] = {"shape": f"{shape[0]}x{shape[1]}"}
     for name, (path, disabled) in graphs.items():
-        options = onnxruntime.SessionOptions()
-        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options = ort_session_options()  # as the shipped sessions are opened, plus the profiler
         options.enable_profiling = True
         options.profile_file_prefix = str(work / f"profile-{name}")
         session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"],

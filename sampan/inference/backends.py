@@ -11,6 +11,19 @@ import numpy as np
 from sampan.inference.fused import ORT_DISABLED_OPTIMIZERS, fused_session
 
 
+def ort_session_options(num_threads: int | None = None):
+    """The ``onnxruntime.SessionOptions`` every sampan session starts from: every graph
+    optimization on, ``num_threads`` intra-op threads (None: ONNX Runtime's default, one per core).
+    Benchmarks that profile or compare graphs start from these too, so they time what ships."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if num_threads is not None:
+        options.intra_op_num_threads = num_threads
+    return options
+
+
 class OnnxRuntimeBackend:
     """An ``onnxruntime.InferenceSession`` on CPU with every graph optimization enabled but one
     (``sampan.inference.fused.ORT_DISABLED_OPTIMIZERS``, slower on CPU than without), on the graph
@@ -24,10 +37,7 @@ class OnnxRuntimeBackend:
     def __init__(self, path: Path, input_names: Sequence[str], num_threads: int | None = None, fuse: bool = True):
         import onnxruntime
 
-        options = onnxruntime.SessionOptions()
-        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if num_threads is not None:
-            options.intra_op_num_threads = num_threads
+        options = ort_session_options(num_threads)
         self.fusions: dict[str, int] = {}
         self.session = None
 
