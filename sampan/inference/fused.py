@@ -16,9 +16,9 @@ standard ``LayerNormalization`` (:func:`split_skip_layer_norms`), and the backen
 ``SkipLayerNormFusion`` off so that ORT does not fuse them again. On the shipped sentiment model
 that takes a 32 x 128 batch from 142 to 123 ms, 1.15x (both figures from ``benchmarks/predictor.py``).
 
-The fused file carries, in its ONNX metadata, how many of each fusion applied, the onnxscript
-version that made it and :data:`RECIPE` (what sampan does on top); a file from another onnxscript
-version or recipe is remade.
+The fused file carries, in its ONNX metadata, how many of each fusion applied and one stamp of
+what made it (:func:`made_by`: the onnxscript version and :data:`RECIPE`, what sampan does on
+top); a file with another stamp is remade.
 """
 
 from __future__ import annotations
@@ -33,8 +33,7 @@ from sampan.inference.derived import derived_path
 
 FUSED_SUFFIX = ".ort.onnx"
 FUSIONS_KEY = "sampan.ort_fusions"
-VERSION_KEY = "sampan.onnxscript_version"
-RECIPE_KEY = "sampan.fused_recipe"
+MADE_BY_KEY = "sampan.fused_by"
 RECIPE = "2: skip-layer-norms split"  # change it whenever the rewrite below changes: cached files are remade
 # ORT's own graph optimizers that would undo split_skip_layer_norms; the backend disables them.
 ORT_DISABLED_OPTIMIZERS = ("SkipLayerNormFusion",)
@@ -42,6 +41,12 @@ ORT_DISABLED_OPTIMIZERS = ("SkipLayerNormFusion",)
 
 def onnxscript_version() -> str:
     return importlib.metadata.version("onnxscript")  # without importing it (0.5 s)
+
+
+def made_by() -> str:
+    """The stamp a fused file must carry to be current: a new onnxscript or a new sampan recipe
+    can each change the rewrite, so either one invalidates the cached file."""
+    return f"onnxscript {onnxscript_version()}; recipe {RECIPE}"
 
 
 def split_skip_layer_norms(model: Any) -> int:
@@ -84,8 +89,8 @@ def split_skip_layer_norms(model: Any) -> int:
 
 def fused_for_ort(path: Path) -> tuple[bytes, dict[str, int]]:
     """The graph at ``path`` rewritten by onnxscript's ONNX Runtime fusions, minus the
-    skip-layer-norm one (module docstring), serialized with its metadata (fusion counts,
-    onnxscript version, :data:`RECIPE`), and how many of each fusion it holds."""
+    skip-layer-norm one (module docstring), serialized with its metadata (fusion counts and
+    :func:`made_by`), and how many of each fusion it holds."""
     import onnx_ir
     from onnxscript.rewriter.ort_fusions import optimize_for_ort
 
@@ -95,8 +100,7 @@ def fused_for_ort(path: Path) -> tuple[bytes, dict[str, int]]:
     stats["skip_layer_normalization"] = stats.get("skip_layer_normalization", 0) - split_skip_layer_norms(model)
     fusions = {k: int(v) for k, v in stats.items() if v}
     model.metadata_props[FUSIONS_KEY] = json.dumps(fusions, sort_keys=True)
-    model.metadata_props[VERSION_KEY] = onnxscript_version()
-    model.metadata_props[RECIPE_KEY] = RECIPE
+    model.metadata_props[MADE_BY_KEY] = made_by()
     return onnx_ir.to_proto(model).SerializeToString(), fusions
 
 
@@ -109,17 +113,16 @@ def fused_session(source: Path, open_session: Callable[[Path], Any]) -> tuple[An
     """``open_session`` on the fused version of ``source`` and the fusion counts recorded in it.
 
     The fused file is ``inference.ort.onnx`` beside ``source`` (or in ``$SAMPAN_HOME/cache/ort``
-    when its directory is read-only), made when missing or older than the source. Its onnxscript
-    version and recipe are read from the session's metadata, so a current file costs no extra read;
-    a file from another version or recipe is made again once.
+    when its directory is read-only), made when missing or older than the source. Its stamp
+    (:func:`made_by`) is read from the session's metadata, so a current file costs no extra read;
+    a file with another stamp is made again once.
     """
     for remake in (False, True):
         fused = derived_path(source, FUSED_SUFFIX, "ort", _write_fused, remake=remake)
         session = open_session(fused)
         metadata = session.get_modelmeta().custom_metadata_map
-        version, recipe = metadata.get(VERSION_KEY), metadata.get(RECIPE_KEY)
-        if version == onnxscript_version() and recipe == RECIPE:
+        stamp = metadata.get(MADE_BY_KEY)
+        if stamp == made_by():
             fusions = json.loads(metadata.get(FUSIONS_KEY, "{}"))
             return session, {k: int(v) for k, v in fusions.items()}
-    raise RuntimeError(f"{fused} records onnxscript {version} and recipe {recipe!r}, not "
-                       f"{onnxscript_version()} and {RECIPE!r}, even when remade")
+    raise RuntimeError(f"{fused} is stamped {stamp!r}, not {made_by()!r}, even when remade")
