@@ -434,6 +434,25 @@ def test_a_base_with_character_features_goes_from_finetune_to_taskflow(base_dir,
         assert answer["text"] == text and answer["label"] == meta["labels"][int(probs.argmax())]
         assert answer["score"] == pytest.approx(float(probs.max()), abs=1e-3)
 
+    # served the way `sampan serve --task sentiment_analysis --task-option sentiment_analysis.model=DIR`
+    # builds it: the same answers over HTTP
+    import asyncio
+
+    import httpx
+
+    from sampan.serving import create_app
+
+    app = create_app(tasks=["sentiment_analysis"], task_options={"sentiment_analysis": {"model": str(out)}})
+
+    async def post():
+        async with app.router.lifespan_context(app), httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+            return await client.post("/v1/tasks/sentiment_analysis", json={"inputs": texts})
+
+    response = asyncio.run(post())
+    assert response.status_code == 200, response.text
+    assert response.json()["outputs"] == flow(texts)
+
 
 def test_full_finetune_with_frozen_embeddings_saves_only_what_trained(runs, base_dir):
     """freeze + save='adapter': a full fine-tune stored as the tensors that moved, over the base."""
