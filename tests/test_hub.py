@@ -67,6 +67,25 @@ def test_hub_list_shows_each_cards_scores_and_json_every_figure(home, capsys):
     assert listed["ernie-tiny-ner"]["metrics"] == ner  # every figure, the losses included
 
 
+def test_hub_list_table_fits_80_columns_without_cutting_names_or_figures(home, capsys, monkeypatch):
+    """What a reader copies from the table (a model's name) or compares (its figures) is whole in
+    an 80-column terminal: nothing is cut with an ellipsis or folded across lines."""
+    from sampan.cli import main as cli_main
+    from sampan.hub.command import headline_metrics
+
+    monkeypatch.setenv("COLUMNS", "80")
+    assert cli_main(["hub", "list"]) == 0
+    table = capsys.readouterr().out
+    assert max(len(line) for line in table.splitlines()) <= 80 and "…" not in table
+    for card in SHIPPED_DIR.glob("*/card.json"):
+        model = json.loads(card.read_text(encoding="utf-8"))
+        row = next(line for line in table.splitlines() if line.split() and line.split()[0] == model["name"])
+        assert model["task"] in row.split() and "shipped" in row.split()
+        for figure in headline_metrics(model["metrics"], "\n").splitlines():
+            name, value = figure.removeprefix("test_").removeprefix("heldout_").split("=")
+            assert f"{name}={value}" in table.split(), (figure, table)
+
+
 def test_missing_models_name_the_command_that_builds_them(home, monkeypatch):
     monkeypatch.setattr("sampan.hub.store.SHIPPED_DIR", home / "nothing-shipped")
     with pytest.raises(ModelNotFoundError, match="sampan hub build gpt-zh"):

@@ -11,10 +11,23 @@ import sys
 _HEADLINE_SUFFIXES = ("f1", "accuracy", "perplexity")
 
 
-def headline_metrics(metrics: dict[str, object]) -> str:
+def headline_metrics(metrics: dict[str, object], sep: str = ", ") -> str:
     """A card's scores for ``sampan hub list``: ``test_f1=0.924, test_PER_f1=0.911, ...``."""
-    return ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
-                     for k, v in metrics.items() if k.endswith(_HEADLINE_SUFFIXES))
+    return sep.join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in metrics.items() if k.endswith(_HEADLINE_SUFFIXES))
+
+
+def _short(figures: str) -> str:
+    """Figures without their split's prefix (every card's scores are on held-out data; the column
+    says so), so that they fit an 80-column terminal."""
+    return "\n".join(line.removeprefix("test_").removeprefix("heldout_") for line in figures.splitlines())
+
+
+def _where(path: str, home_models: str) -> str:
+    """"built" or "shipped" (the title names both folders): a full path would not fit 80 columns."""
+    from pathlib import Path
+
+    return "built" if Path(path).is_relative_to(home_models) else "shipped"
 
 
 def _cmd_hub_list(args: argparse.Namespace) -> int:
@@ -25,21 +38,27 @@ def _cmd_hub_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(listing, ensure_ascii=False, indent=2))
         return 0
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"sampan model store (built: {hub.home() / 'models'}; shipped: sampan/hub/models)",
-                  caption="every figure of every card: sampan hub list --json")
-    for col in ("name", "task", "metrics", "where"):
-        table.add_column(col)
+    home_models = hub.home() / "models"
+    table = Table(title=f"sampan model store (built: {home_models}; shipped: sampan/hub/models)",
+                  caption="every figure of every card: sampan hub list --json", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    # Names and figures are what a reader copies or compares, so they are never cut: the name
+    # column does not wrap, and each figure gets its own line.
+    table.add_column("name", no_wrap=True)
+    table.add_column("task", no_wrap=True)
+    table.add_column("held-out metrics", overflow="fold")
+    table.add_column("where", no_wrap=True)
     stored = {m["name"] for m in listing["models"]}
     for m in listing["models"]:
-        table.add_row(m["name"], m["task"], headline_metrics(m["metrics"]), m["path"])
+        table.add_row(m["name"], m["task"], _short(headline_metrics(m["metrics"], "\n")), _where(m["path"], home_models))
     for name in sorted(set(RECIPES) - stored):
         table.add_row(name, RECIPES[name].task, "", f"not built: sampan hub build {name}")
     Console().print(table)
-    modules = Table(title="hub.Module(name=...)")
-    modules.add_column("module")
+    modules = Table(title="hub.Module(name=...)", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    modules.add_column("module", no_wrap=True)
     modules.add_column("what it does")
     for name, summary in listing["modules"].items():
         modules.add_row(name, summary)

@@ -23,7 +23,7 @@ class ModuleSpec:
 
 MODULES: dict[str, ModuleSpec] = {spec.name: spec for spec in (
     ModuleSpec("ernie_gen", "text_generation", "gpt-zh",
-               "Chinese text continuation (GPT trained on People's Daily 1998 + 三国演义); .generate(text=...)"),
+               "Chinese text continuation (GPT trained on People's Daily 1998, 三国演义 and Tang poems); .generate(text=...)"),
     ModuleSpec("ernie_tiny", "fill_mask", "ernie-tiny-zh",
                "ernie-tiny pretrained with knowledge masking; .fill_mask(text=...)"),
     ModuleSpec("senta_ernie_tiny", "sentiment_analysis", "ernie-tiny-sentiment",
