@@ -90,8 +90,10 @@ def test_missing_models_name_the_command_that_builds_them(home, monkeypatch):
     monkeypatch.setattr("sampan.hub.store.SHIPPED_DIR", home / "nothing-shipped")
     with pytest.raises(ModelNotFoundError, match="sampan hub build gpt-zh"):
         resolve("gpt-zh")
-    with pytest.raises(ModelNotFoundError, match="unknown model 'gpt-9'; known models:"):
+    with pytest.raises(ModelNotFoundError, match="unknown model 'gpt-9'; did you mean 'gpt-zh'\\? known models:"):
         resolve("gpt-9")
+    with pytest.raises(ModelNotFoundError, match="unknown model 'bert-base-uncased'; known models:"):
+        resolve("bert-base-uncased")  # nothing close: no guess
     with pytest.raises(ModelNotFoundError, match="does not exist"):
         resolve("./no/such/dir")
 

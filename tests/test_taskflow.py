@@ -213,6 +213,8 @@ def test_tasks_listing_and_unknown_names():
     assert tasks["sentiment_analysis"]["default_model"] == "ernie-tiny-sentiment"
     with pytest.raises(ValueError, match="unknown task 'translation'; tasks: fill_mask, ner"):
         Taskflow("translation")
+    with pytest.raises(ValueError, match="unknown task 'sentiment'; did you mean 'sentiment_analysis'\\? tasks:"):
+        Taskflow("sentiment")
     from sampan.hub import ModelNotFoundError
 
     with pytest.raises(ModelNotFoundError, match="unknown model 'no-such-model'"):

@@ -16,5 +16,10 @@ TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (
 def task_class(name: str) -> type[Task]:
     """The ``Task`` class of ``name``, or a ``ValueError`` listing the tasks there are."""
     if not isinstance(name, str) or name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; tasks: {', '.join(sorted(TASKS))} (Taskflow.tasks() describes them)")
+        import difflib
+
+        close = difflib.get_close_matches(name, TASKS, n=1) if isinstance(name, str) else []
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ValueError(f"unknown task {name!r}; {hint}tasks: {', '.join(sorted(TASKS))} "
+                         "(Taskflow.tasks() describes them)")
     return TASKS[name]
