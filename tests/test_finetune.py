@@ -425,7 +425,7 @@ def test_a_base_with_character_features_goes_from_finetune_to_taskflow(base_dir,
     model, tokenizer, meta = load_task_model(out)
     assert meta["features"] == ["pinyin", "radical", "stroke"]
     texts = ["这家餐厅的服务非常棒", "房间太旧了"]
-    flow = Taskflow("sentiment_analysis", model=str(out))
+    flow = Taskflow("sentiment_analysis", task_path=str(out))  # PaddleNLP's name for model=
     enc = tokenize_for_task(tokenizer, texts, 48)
     for text, e, answer in zip(texts, enc, flow(texts), strict=True):
         ids = torch.tensor([e.input_ids])

@@ -380,6 +380,17 @@ def test_sampan_serve_rejects_an_unknown_task_with_the_known_ones():
     assert "no_such_task" in result.stderr and "sentiment_analysis" in result.stderr
 
 
+@pytest.mark.parametrize("option, says", [
+    ("text_generation.max_new_token=8", "text_generation does not take 'max_new_token'; did you mean 'max_new_tokens'"),
+    ("text_generation.batch_size=4", "text_generation.batch_size: sampan serve sets it for every task; use --max-batch-size"),
+])
+def test_sampan_serve_rejects_a_task_option_the_task_does_not_take(option, says):
+    """Refused at start, before any model loads (with --workers N, every worker would die on it)."""
+    result = subprocess.run([sys.executable, "-m", "sampan.cli", "serve", "--task", "text_generation",
+                             "--task-option", option], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 2 and says in result.stderr, result.stderr
+
+
 @pytest.fixture(scope="module")
 def real_server(exported):
     """`sampan serve` with real Taskflow tasks and the exported model, on a free loopback port."""

@@ -108,6 +108,10 @@ def app_from_env():
     return _build(json.loads(os.environ[_ENV]))
 
 
+# What every Taskflow takes besides its task's own options (sampan.taskflow.task.Task.__init__).
+_TASKFLOW_ARGUMENTS = {"model", "task_path", "max_length", "precision", "backend"}
+
+
 def _check_before_fork(spec: dict) -> None:
     """Fail once, in the parent, on what would make every worker die at start (and be restarted forever)."""
     if spec["tasks"]:
@@ -117,6 +121,17 @@ def _check_before_fork(spec: dict) -> None:
         unknown = [t for t in spec["tasks"] if t not in known]
         if unknown:
             raise ValueError(f"unknown task(s) {unknown}; sampan serve knows: {', '.join(sorted(known))}")
+        from sampan.taskflow.registry import task_class
+
+        for task, options in (spec["task_options"] or {}).items():
+            for name, flag in (("batch_size", "--max-batch-size"), ("num_threads", "--num-threads")):
+                if name in options:
+                    raise ValueError(f"--task-option {task}.{name}: sampan serve sets it for every task; "
+                                     f"use {flag}")
+            cls = task_class(task)
+            wrong = sorted(set(options) - set(cls.option_names) - _TASKFLOW_ARGUMENTS)
+            if wrong:
+                raise ValueError(f"--task-option: {cls._unknown_options(wrong)}")
     for name, path in spec["model_dirs"].items():
         if not (Path(path) / "inference.json").is_file():
             raise FileNotFoundError(f"model '{name}': {Path(path) / 'inference.json'} not found")
@@ -137,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     spec = _spec(args)
     ServingConfig(**spec["limits"])  # validate the limits before loading anything
+    _check_before_fork(spec)  # and the names and options, which every worker would otherwise die on
     where = f"http://{args.host}:{args.port}"
     if args.workers == 1:
         app = _build(spec)
@@ -145,7 +161,6 @@ def run(args: argparse.Namespace) -> int:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
                     timeout_graceful_shutdown=_grace(spec))
         return 0
-    _check_before_fork(spec)
     os.environ[_ENV] = json.dumps(spec)
     print(f"sampan serve: {args.workers} worker processes, each loading tasks {spec['tasks']} models "
           f"{list(spec['model_dirs'])}, at {where}", file=sys.stderr, flush=True)

@@ -31,17 +31,23 @@ class Taskflow:
     Args:
         task: a task name from ``Taskflow.tasks()``.
         model: a store model name (``sampan.hub.list()``) or model directory; default: the task's.
+        task_path: PaddleNLP's name for a fine-tuned model directory; the same as ``model=``.
         batch_size: texts per model call.
         max_length: tokens per text the model sees (``[CLS]`` / ``[SEP]`` included).
         precision: "fp32" or "int8" (ONNX Runtime dynamic quantization; smaller, faster on small CPUs).
         num_threads: ONNX Runtime intra-op threads (default: the cores this process may use).
         backend: "onnxruntime" (default) or "torch" (the exported ``.pt2`` program).
         **options: task options, e.g. ``max_new_tokens``, ``temperature``, ``top_k``, ``seed`` for
-            generation; ``line_chars`` / ``lines`` for poetry; ``top_k`` for fill_mask.
+            generation; ``line_chars`` / ``lines`` for poetry; ``top_k`` for fill_mask. An option
+            the task does not read is a ``ValueError`` naming it and the task's options.
     """
 
-    def __init__(self, task: str, model: str | None = None, **options: Any):
+    def __init__(self, task: str, model: str | None = None, *, task_path: str | None = None, **options: Any):
         cls = task_class(task)
+        if task_path is not None:
+            if model is not None and str(model) != str(task_path):
+                raise ValueError(f"model={model!r} and task_path={task_path!r} name two models; pass one")
+            model = str(task_path)
         self.task_name = task
         self.task: Task = cls(model=model, **options)
 

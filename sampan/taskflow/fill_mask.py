@@ -23,6 +23,7 @@ class FillMask(Task):
     description = "fill [MASK] markers with the most likely characters (pretrained ernie-tiny-zh)"
     default_model = "ernie-tiny-zh"
     models = ("ernie-tiny-zh",)
+    option_names = ("top_k",)
 
     def _construct_model(self, model: str) -> None:
         self.loaded = self._load(model)

@@ -24,10 +24,16 @@ class Task:
     description: ClassVar[str] = ""
     default_model: ClassVar[str] = ""
     models: ClassVar[tuple[str, ...]] = ()
+    # The task options a subclass reads from ``self.options``; any other keyword is refused, so a
+    # misspelt option (``temprature=0.5``) is an error instead of a silently ignored setting.
+    option_names: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, model: str | None = None, batch_size: int = 32, max_length: int = 128,
                  precision: str = "fp32", num_threads: int | None = None, backend: str = "onnxruntime",
                  **kwargs: Any):
+        unknown = sorted(set(kwargs) - set(self.option_names))
+        if unknown:
+            raise ValueError(self._unknown_options(unknown))
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         if not isinstance(max_length, int) or max_length < 8:
@@ -40,6 +46,18 @@ class Task:
         self.backend = backend
         self.options = kwargs
         self._construct_model(self.model_name)
+
+    @classmethod
+    def _unknown_options(cls, unknown: list[str]) -> str:
+        import difflib
+
+        common = ("model", "batch_size", "max_length", "precision", "num_threads", "backend")
+        known = [*common, *cls.option_names]
+        close = {name: difflib.get_close_matches(name, known, n=1) for name in unknown}
+        hints = "".join(f"; did you mean {match[0]!r} for {name!r}?" for name, match in close.items() if match)
+        own = ", ".join(cls.option_names) if cls.option_names else "none"
+        return (f"{cls.name} does not take {', '.join(map(repr, unknown))}{hints} "
+                f"(its options: {own}; every task takes {', '.join(common)})")
 
     # -- the three steps (and model construction) that a task implements ------------------------
     def _construct_model(self, model: str) -> None:
