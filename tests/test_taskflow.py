@@ -228,6 +228,20 @@ def test_tasks_listing_and_unknown_names():
         Taskflow("sentiment_analysis", model="no-such-model")
 
 
+def test_hub_module_passes_options_and_model_to_its_task(sampan_home):
+    import sampan.hub as hub
+
+    module = hub.Module(name="ernie_gen", max_new_tokens=4, min_new_tokens=4, seed=2)
+    assert module.generate(text="话说") == Taskflow("text_generation", max_new_tokens=4, min_new_tokens=4,
+                                                      seed=2)("话说")[0]["generated"]
+    with pytest.raises(ValueError, match="text_generation does not take 'max_tokens'"):
+        hub.Module(name="ernie_gen", max_tokens=4)
+    with pytest.raises(hub.ModelNotFoundError, match="unknown model 'gpt-x'"):
+        hub.Module(name="ernie_gen", model="gpt-x")  # model= reaches the task instead of colliding with it
+    with pytest.raises(ValueError, match="unknown hub module 'ernie_genn'; did you mean 'ernie_gen'"):
+        hub.Module(name="ernie_genn")
+
+
 def test_readme_snippets_run_in_a_fresh_process(sampan_home):
     code = ("from sampan import Taskflow\n"
             "sentiment_analysis = Taskflow('sentiment_analysis')\n"

@@ -41,12 +41,17 @@ class Module:
 
     def __init__(self, name: str, **options: Any):
         if name not in MODULES:
-            raise ValueError(f"unknown hub module {name!r}; modules: {', '.join(sorted(MODULES))}")
+            import difflib
+
+            close = difflib.get_close_matches(str(name), MODULES, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ValueError(f"unknown hub module {name!r}; {hint}modules: {', '.join(sorted(MODULES))}")
         from sampan.taskflow import Taskflow
 
         self.spec = MODULES[name]
         self.name = name
-        self._flow = Taskflow(self.spec.task, model=self.spec.model, **options)
+        # model= picks another store model or directory for the module's task, as in Taskflow
+        self._flow = Taskflow(self.spec.task, model=options.pop("model", self.spec.model), **options)
 
     def predict(self, texts: str | list[str]) -> list[dict[str, Any]]:
         """The task's raw output dicts, one per text."""
