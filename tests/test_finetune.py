@@ -309,6 +309,8 @@ def test_config_name_base_is_random_init_with_a_trained_tokenizer_and_lora_freez
                                             "classifier.weight", "classifier.bias"})
     with pytest.raises(FileNotFoundError, match=r"neither a directory, a stored model .* nor a registered config"):
         load_base("ernie-nonexistent", texts)
+    with pytest.raises(FileNotFoundError, match="did you mean 'ernie-tiny-zh'"):
+        load_base("ernie-tny-zh", texts)
 
 
 def test_a_store_name_is_the_stored_base():
