@@ -18,3 +18,22 @@ def poetry_corpus(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SAMPAN_HOME", str(home))
         return fetch_poetry(log=lambda message: None)
+
+
+@pytest.fixture
+def asgi_post():
+    """``post(app, path, payload) -> httpx.Response``: one JSON POST to an ASGI app in process, its
+    lifespan run around it (how the tests drive ``sampan.serving.create_app`` without a socket)."""
+    import asyncio
+
+    import httpx
+
+    def post(app, path: str, payload: dict) -> httpx.Response:
+        async def go():
+            async with app.router.lifespan_context(app), httpx.AsyncClient(
+                    transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+                return await client.post(path, json=payload)
+
+        return asyncio.run(go())
+
+    return post

@@ -400,7 +400,7 @@ def test_every_finetune_output_exports_for_inference(runs, name, tmp_path):
     assert (out / "tokenizer.json").is_file()
 
 
-def test_a_base_with_character_features_goes_from_finetune_to_taskflow(base_dir, tmp_path, monkeypatch):
+def test_a_base_with_character_features_goes_from_finetune_to_taskflow(base_dir, tmp_path, monkeypatch, asgi_post):
     """Pinyin / radical / stroke embeddings survive the whole path: fine-tune over a base that
     embeds them (adapter layout), then Taskflow exports it and answers what the eager model does
     with the looked-up feature ids."""
@@ -438,20 +438,10 @@ def test_a_base_with_character_features_goes_from_finetune_to_taskflow(base_dir,
 
     # served the way `sampan serve --task sentiment_analysis --task-option sentiment_analysis.model=DIR`
     # builds it: the same answers over HTTP
-    import asyncio
-
-    import httpx
-
     from sampan.serving import create_app
 
     app = create_app(tasks=["sentiment_analysis"], task_options={"sentiment_analysis": {"model": str(out)}})
-
-    async def post():
-        async with app.router.lifespan_context(app), httpx.AsyncClient(
-                transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
-            return await client.post("/v1/tasks/sentiment_analysis", json={"inputs": texts})
-
-    response = asyncio.run(post())
+    response = asgi_post(app, "/v1/tasks/sentiment_analysis", {"inputs": texts})
     assert response.status_code == 200, response.text
     assert response.json()["outputs"] == flow(texts)
 

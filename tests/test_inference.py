@@ -553,27 +553,7 @@ def test_export_pretrained_refuses_what_it_cannot_export(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def _serve_predict(export: Path, inputs: dict) -> dict:
-    """``inputs`` posted to ``sampan serve``'s app for the exported model at ``export``."""
-    import asyncio
-
-    import httpx
-
-    from sampan.serving import create_app
-
-    app = create_app(model_dirs={"m": str(export)})
-
-    async def post():
-        async with app.router.lifespan_context(app), httpx.AsyncClient(
-                transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
-            return await client.post("/v1/models/m/predict", json={"inputs": inputs})
-
-    response = asyncio.run(post())
-    assert response.status_code == 200, response.text
-    return response.json()["outputs"]
-
-
-def test_a_model_with_character_features_exports_with_the_lookup_inside_the_graph(tmp_path):
+def test_a_model_with_character_features_exports_with_the_lookup_inside_the_graph(tmp_path, asgi_post):
     """Pinyin / radical / stroke ids are not inputs of the graph: it gathers them from the
     features table, so the exported model takes (input_ids, attention_mask) like any other and
     computes what the eager model computes given the looked-up ids."""
@@ -609,8 +589,12 @@ def test_a_model_with_character_features_exports_with_the_lookup_inside_the_grap
         np.testing.assert_allclose(got, expected, atol=1e-4)
     int8 = create_predictor(Config(out, precision="int8")).run([batch, mask])[0]
     assert int8.shape == expected.shape and np.abs(int8 - expected).max() < 0.1 * np.abs(expected).max()
-    served = _serve_predict(out, {"input_ids": batch.tolist(), "attention_mask": mask.tolist()})
-    np.testing.assert_allclose(np.asarray(served["logits"], dtype=np.float32), expected, atol=1e-4)
+    from sampan.serving import create_app
+
+    served = asgi_post(create_app(model_dirs={"m": str(out)}), "/v1/models/m/predict",
+                       {"inputs": {"input_ids": batch.tolist(), "attention_mask": mask.tolist()}})
+    assert served.status_code == 200, served.text
+    np.testing.assert_allclose(np.asarray(served.json()["outputs"]["logits"], dtype=np.float32), expected, atol=1e-4)
     other = CharFeatures(features.pinyin_vocab, features.radical_vocab, features.table[:10])
     with pytest.raises(ValueError, match="features cover 10 token ids but the model's vocab_size is"):
         export_pretrained(model, tmp_path / "z", features=other)
