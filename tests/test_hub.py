@@ -101,14 +101,21 @@ def test_missing_models_name_the_command_that_builds_them(home, monkeypatch):
 def test_recipe_settings_are_typed_and_checked():
     s = recipes.parse_settings(recipes.GPTSettings, ["steps=5", "learning_rate=0.01", "corpora=news"])
     assert (s.steps, s.learning_rate, s.corpora) == (5, 0.01, "news")
-    with pytest.raises(ValueError, match="expected KEY=VALUE with KEY one of"):
+    with pytest.raises(ValueError, match="'stepz=5': did you mean 'steps'\\? expected KEY=VALUE with KEY one of"):
         recipes.parse_settings(recipes.GPTSettings, ["stepz=5"])
+    with pytest.raises(ValueError, match="steps takes an integer, e.g. steps=1000"):
+        recipes.parse_settings(recipes.GPTSettings, ["steps=2.5"])  # was cut to 2 without a word
+    with pytest.raises(ValueError, match="learning_rate takes a number"):
+        recipes.parse_settings(recipes.GPTSettings, ["learning_rate=fast"])
+    assert recipes.parse_settings(recipes.GPTSettings, ["steps=1e3"]).steps == 1000
     e = recipes.parse_settings(recipes.ErnieSettings, ["pack=false", "pre_norm=1", "dropout=0"])
     assert (e.pack, e.pre_norm, e.dropout) == (False, True, 0.0)  # not bool("false")
     with pytest.raises(ValueError, match="pack is true or false"):
         recipes.parse_settings(recipes.ErnieSettings, ["pack=no"])
-    with pytest.raises(ValueError, match="no recipe 'bert'"):
+    with pytest.raises(ValueError, match="no recipe 'bert'; recipes:"):
         recipes.build("bert")
+    with pytest.raises(ValueError, match="no recipe 'gpt-zx'; did you mean 'gpt-zh'"):
+        recipes.build("gpt-zx")
 
 
 def test_a_failed_build_leaves_nothing_behind(home, monkeypatch):

@@ -381,7 +381,7 @@ def test_sampan_serve_rejects_an_unknown_task_with_the_known_ones():
 
 
 @pytest.mark.parametrize("option, says", [
-    ("text_generation.max_new_token=8", "text_generation does not take 'max_new_token'; did you mean 'max_new_tokens'"),
+    ("text_generation.max_new_token=8", "text_generation does not take 'max_new_token'; for 'max_new_token', did you mean 'max_new_tokens'?"),
     ("text_generation.batch_size=4", "text_generation.batch_size: sampan serve sets it for every task; use --max-batch-size"),
 ])
 def test_sampan_serve_rejects_a_task_option_the_task_does_not_take(option, says):

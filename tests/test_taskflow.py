@@ -217,7 +217,7 @@ def test_tasks_listing_and_unknown_names():
     with pytest.raises(ValueError, match="unknown task 'sentiment'; did you mean 'sentiment_analysis'\\? tasks:"):
         Taskflow("sentiment")
     # an option the task does not read is refused, with the closest one named, before any model loads
-    with pytest.raises(ValueError, match="text_generation does not take 'temprature'; did you mean 'temperature'"):
+    with pytest.raises(ValueError, match="text_generation does not take 'temprature'; for 'temprature', did you mean 'temperature'\\?"):
         Taskflow("text_generation", temprature=0.5)
     with pytest.raises(ValueError, match=r"sentiment_analysis does not take 'top_k' \(its options: none"):
         Taskflow("sentiment_analysis", top_k=3)

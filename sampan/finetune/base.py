@@ -87,14 +87,12 @@ def _stored_model(model: str) -> Path:
     except ModelNotFoundError:
         if model in RECIPES:  # a recipe not built yet: the store's error says how to build it
             raise
-        import difflib
-
         from sampan.hub.store import list_models as stored_models
+        from sampan.utils.names import did_you_mean
 
         configs = [n for n in list_models() if n.startswith("ernie")]
         bases = [card.name for card in stored_models() if card.task == "fill_mask"]  # pretrained encoders
-        close = difflib.get_close_matches(model, bases + configs, n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
+        hint = did_you_mean(model, bases + configs)
         raise FileNotFoundError(f"model {model!r} is neither a directory, a stored model (`sampan hub list`) nor "
                                 f"a registered config name; {hint}give a `sampan pretrain` output directory, a "
                                 f"store name such as ernie-tiny-zh, or one of: {', '.join(configs)} (random weights)"

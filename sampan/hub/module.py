@@ -41,11 +41,9 @@ class Module:
 
     def __init__(self, name: str, **options: Any):
         if name not in MODULES:
-            import difflib
+            from sampan.utils.names import did_you_mean
 
-            close = difflib.get_close_matches(str(name), MODULES, n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise ValueError(f"unknown hub module {name!r}; {hint}modules: {', '.join(sorted(MODULES))}")
+            raise ValueError(f"unknown hub module {name!r}; {did_you_mean(name, MODULES)}modules: {', '.join(sorted(MODULES))}")
         from sampan.taskflow import Taskflow
 
         self.spec = MODULES[name]

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sampan.hub.store import CARD_NAME, ModelCard, home, resolve, user_models_dir
+from sampan.utils.names import did_you_mean
 
 
 @dataclasses.dataclass
@@ -408,14 +409,22 @@ def parse_settings(cls: type, pairs: list[str]) -> Any:
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         if not sep or key not in fields:
-            raise ValueError(f"--set {pair!r}: expected KEY=VALUE with KEY one of {sorted(fields)}")
+            raise ValueError(f"--set {pair!r}: {did_you_mean(key, fields)}expected KEY=VALUE with KEY one of "
+                             f"{sorted(fields)}")
         kind = type(fields[key].default)
         if kind is bool:
             if raw.lower() not in ("true", "false", "1", "0"):
                 raise ValueError(f"--set {pair!r}: {key} is true or false")
             values[key] = raw.lower() in ("true", "1")
-        else:
-            values[key] = raw if kind is str else kind(float(raw)) if kind is int else kind(raw)
+            continue
+        try:
+            number = float(raw) if kind is int else None
+            if number is not None and not number.is_integer():
+                raise ValueError
+            values[key] = raw if kind is str else int(number) if kind is int else kind(raw)
+        except ValueError:
+            raise ValueError(f"--set {pair!r}: {key} takes {'an integer' if kind is int else 'a number'}, "
+                             f"e.g. {key}={fields[key].default}") from None
     return cls(**values)
 
 
@@ -427,7 +436,7 @@ def build(name: str, settings_pairs: list[str] | None = None, log: Callable[[str
     an interrupted build leaves the previous model (or none), never half of one.
     """
     if name not in RECIPES:
-        raise ValueError(f"no recipe {name!r}; recipes: {', '.join(sorted(RECIPES))}")
+        raise ValueError(f"no recipe {name!r}; {did_you_mean(name, RECIPES)}recipes: {', '.join(sorted(RECIPES))}")
     recipe = RECIPES[name]
     settings = parse_settings(recipe.settings, settings_pairs or [])
     root = Path(out_root) if out_root is not None else user_models_dir()

@@ -103,11 +103,9 @@ def resolve(name: str) -> Path:
         raise ModelNotFoundError(
             f"model {name!r} is not built yet; build it with `sampan hub build {name}` "
             f"(writes {user_models_dir() / name})")
-    import difflib
+    from sampan.utils.names import did_you_mean
 
-    close = difflib.get_close_matches(name, known, n=1)
-    hint = f"did you mean {close[0]!r}? " if close else ""
-    raise ModelNotFoundError(f"unknown model {name!r}; {hint}known models: {', '.join(known)}")
+    raise ModelNotFoundError(f"unknown model {name!r}; {did_you_mean(name, known)}known models: {', '.join(known)}")
 
 
 def model_file(directory: str | os.PathLike[str], name: str) -> Path | None:

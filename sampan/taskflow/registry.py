@@ -16,10 +16,8 @@ TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (
 def task_class(name: str) -> type[Task]:
     """The ``Task`` class of ``name``, or a ``ValueError`` listing the tasks there are."""
     if not isinstance(name, str) or name not in TASKS:
-        import difflib
+        from sampan.utils.names import did_you_mean
 
-        close = difflib.get_close_matches(name, TASKS, n=1) if isinstance(name, str) else []
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise ValueError(f"unknown task {name!r}; {hint}tasks: {', '.join(sorted(TASKS))} "
+        raise ValueError(f"unknown task {name!r}; {did_you_mean(name, TASKS)}tasks: {', '.join(sorted(TASKS))} "
                          "(Taskflow.tasks() describes them)")
     return TASKS[name]

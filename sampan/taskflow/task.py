@@ -49,12 +49,11 @@ class Task:
 
     @classmethod
     def _unknown_options(cls, unknown: list[str]) -> str:
-        import difflib
+        from sampan.utils.names import did_you_mean
 
         common = ("model", "batch_size", "max_length", "precision", "num_threads", "backend")
         known = [*common, *cls.option_names]
-        close = {name: difflib.get_close_matches(name, known, n=1) for name in unknown}
-        hints = "".join(f"; did you mean {match[0]!r} for {name!r}?" for name, match in close.items() if match)
+        hints = "".join(f"; for {name!r}, {hint.strip()}" for name in unknown if (hint := did_you_mean(name, known)))
         own = ", ".join(cls.option_names) if cls.option_names else "none"
         return (f"{cls.name} does not take {', '.join(map(repr, unknown))}{hints} "
                 f"(its options: {own}; every task takes {', '.join(common)})")
