@@ -120,7 +120,10 @@ def _check_before_fork(spec: dict) -> None:
         known = Taskflow.tasks()
         unknown = [t for t in spec["tasks"] if t not in known]
         if unknown:
-            raise ValueError(f"unknown task(s) {unknown}; sampan serve knows: {', '.join(sorted(known))}")
+            from sampan.utils.names import did_you_mean
+
+            raise ValueError(f"unknown task(s) {unknown}; {did_you_mean(unknown[0], known)}"
+                             f"sampan serve knows: {', '.join(sorted(known))}")
         from sampan.taskflow.registry import task_class
 
         for task, options in (spec["task_options"] or {}).items():

@@ -44,7 +44,10 @@ def load_task(name: str, batch_size: int, options: dict[str, Any] | None = None,
 
     known = Taskflow.tasks()
     if name not in known:
-        raise ValueError(f"unknown task {name!r}; sampan serve knows: {', '.join(sorted(known))}")
+        from sampan.utils.names import did_you_mean
+
+        raise ValueError(f"unknown task {name!r}; {did_you_mean(name, known)}sampan serve knows: "
+                         f"{', '.join(sorted(known))}")
     options = dict(options or {})
     if num_threads is not None:
         options.setdefault("num_threads", num_threads)
