@@ -229,6 +229,24 @@ def test_tasks_listing_and_unknown_names():
         Taskflow("sentiment_analysis", model="no-such-model")
 
 
+def test_sampan_task_takes_task_options_and_max_length(sampan_home, capsys):
+    import json
+
+    from sampan.cli import main as cli_main
+
+    assert cli_main(["task", "poetry_generation", "春", "秋", "--option", "line_chars=5", "--option", "seed=1"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert rows == Taskflow("poetry_generation", line_chars=5, seed=1)(["春", "秋"])
+    assert all(len(line) == 5 for row in rows for line in re.split("[，。]", row["poem"]) if line)
+    with pytest.warns(UserWarning, match="only the first 14 are used"):
+        assert cli_main(["task", "sentiment_analysis", "这家餐厅的服务非常棒，菜也很好吃。", "--max-length", "16"]) == 0
+    capsys.readouterr()
+    for option, says in (("line_char=5", "for 'line_char', did you mean 'line_chars'"),
+                         ("line_chars", "--option 'line_chars' must look like KEY=VALUE")):
+        assert cli_main(["task", "poetry_generation", "春", "--option", option]) == 2
+        assert says in capsys.readouterr().err
+
+
 def test_hub_module_passes_options_and_model_to_its_task(sampan_home):
     import sampan.hub as hub
 
