@@ -93,10 +93,10 @@ def _stored_model(model: str) -> Path:
         configs = [n for n in list_models() if n.startswith("ernie")]
         bases = [card.name for card in stored_models() if card.task == "fill_mask"]  # pretrained encoders
         hint = did_you_mean(model, bases + configs)
-        raise FileNotFoundError(f"model {model!r} is neither a directory, a stored model (`sampan hub list`) nor "
-                                f"a registered config name; {hint}give a `sampan pretrain` output directory, a "
-                                f"store name such as ernie-tiny-zh, or one of: {', '.join(configs)} (random weights)"
-                                ) from None
+        raise FileNotFoundError(
+            f"model {model!r} is neither a directory, a stored model (`sampan hub list`) nor a registered config "
+            f"name; {hint}give a `sampan pretrain` output directory, a store name such as ernie-tiny-zh, or one "
+            f"of: {', '.join(configs)} (random weights)") from None
 
 
 def load_base(model: str, train_texts: Iterable[str] | None = None, vocab_size: int = 8000) -> BaseModel:

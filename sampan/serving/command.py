@@ -108,10 +108,6 @@ def app_from_env():
     return _build(json.loads(os.environ[_ENV]))
 
 
-# What every Taskflow takes besides its task's own options (sampan.taskflow.task.Task.__init__).
-_TASKFLOW_ARGUMENTS = {"model", "task_path", "max_length", "precision", "backend"}
-
-
 def _check_before_fork(spec: dict) -> None:
     """Fail once, in the parent, on what would make every worker die at start (and be restarted forever)."""
     if spec["tasks"]:
@@ -131,10 +127,10 @@ def _check_before_fork(spec: dict) -> None:
                 if name in options:
                     raise ValueError(f"--task-option {task}.{name}: sampan serve sets it for every task; "
                                      f"use {flag}")
-            cls = task_class(task)
-            wrong = sorted(set(options) - set(cls.option_names) - _TASKFLOW_ARGUMENTS)
-            if wrong:
-                raise ValueError(f"--task-option: {cls._unknown_options(wrong)}")
+            try:
+                task_class(task).check_options(options)
+            except ValueError as error:
+                raise ValueError(f"--task-option: {error}") from None
     for name, path in spec["model_dirs"].items():
         if not (Path(path) / "inference.json").is_file():
             raise FileNotFoundError(f"model '{name}': {Path(path) / 'inference.json'} not found")

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 from sampan.taskflow.inputs import check_texts
+
+# What every task takes besides its own ``option_names``: ``Task.__init__``'s parameters, and
+# ``task_path``, which ``Taskflow`` turns into ``model``.
+COMMON_ARGUMENTS = ("model", "task_path", "batch_size", "max_length", "precision", "num_threads", "backend")
 
 
 class Task:
@@ -31,9 +36,7 @@ class Task:
     def __init__(self, model: str | None = None, batch_size: int = 32, max_length: int = 128,
                  precision: str = "fp32", num_threads: int | None = None, backend: str = "onnxruntime",
                  **kwargs: Any):
-        unknown = sorted(set(kwargs) - set(self.option_names))
-        if unknown:
-            raise ValueError(self._unknown_options(unknown))
+        self.check_options(kwargs)
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         if not isinstance(max_length, int) or max_length < 8:
@@ -48,15 +51,20 @@ class Task:
         self._construct_model(self.model_name)
 
     @classmethod
-    def _unknown_options(cls, unknown: list[str]) -> str:
+    def check_options(cls, options: Iterable[str]) -> None:
+        """A ``ValueError`` naming each of ``options`` (keyword names) that is neither one of the
+        task's ``option_names`` nor an argument every task takes, with the closest known name.
+        ``sampan serve`` calls it on ``--task-option`` before it loads any model."""
+        unknown = sorted(set(options) - set(cls.option_names) - set(COMMON_ARGUMENTS))
+        if not unknown:
+            return
         from sampan.utils.names import did_you_mean
 
-        common = ("model", "batch_size", "max_length", "precision", "num_threads", "backend")
-        known = [*common, *cls.option_names]
+        known = [*COMMON_ARGUMENTS, *cls.option_names]
         hints = "".join(f"; for {name!r}, {hint.strip()}" for name in unknown if (hint := did_you_mean(name, known)))
         own = ", ".join(cls.option_names) if cls.option_names else "none"
-        return (f"{cls.name} does not take {', '.join(map(repr, unknown))}{hints} "
-                f"(its options: {own}; every task takes {', '.join(common)})")
+        raise ValueError(f"{cls.name} does not take {', '.join(map(repr, unknown))}{hints} "
+                         f"(its options: {own}; every task takes {', '.join(COMMON_ARGUMENTS)})")
 
     # -- the three steps (and model construction) that a task implements ------------------------
     def _construct_model(self, model: str) -> None:
