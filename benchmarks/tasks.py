@@ -162,9 +162,19 @@ def sentiment(args: argparse.Namespace) -> dict[str, Any]:
     # labels each line of a review with the review's polarity. The share and a sample (test order)
     # are kept so that a reader can judge what the goal of 90% asks of any model.
     both_wrong = [i for i, (o, b) in enumerate(zip(ours_right, base_right, strict=True)) if not o and not b]
+    # The model sees a review's first max_length tokens, the baseline all of it: both systems
+    # scored separately on the reviews that overflow the window and on the rest.
+    window = flow.task.max_length
+    long = [len(e.ids) > window for e in flow.task.loaded.tokenizer.encode_batch([ex.text for ex in test])]
+    by_length = {}
+    for part, keep in (("longer_than_window", True), ("within_window", False)):
+        rows = [i for i, flag in enumerate(long) if flag == keep]
+        by_length[part] = {"reviews": len(rows),
+                           "sampan_accuracy": float(np.mean([ours_right[i] for i in rows])) if rows else None,
+                           "baseline_accuracy": float(np.mean([base_right[i] for i in rows])) if rows else None}
     return {"test_examples": len(test), "train_examples": len(data.train),
             "sampan_accuracy": acc, "baseline_accuracy": base_acc, "truncated_reviews": truncated[0],
-            "sampan_minus_baseline": paired_accuracy_difference(ours_right, base_right),
+            "sampan_minus_baseline": paired_accuracy_difference(ours_right, base_right), "by_length": by_length,
             "either_correct": 1.0 - len(both_wrong) / max(len(test), 1),
             "references": _classical_references(data, test, gold, (features, dev_features, test_features),
                                                 sampan_positive, baseline_positive),
@@ -330,6 +340,10 @@ def _print(name: str, r: dict[str, Any]) -> None:
         d = r["sampan_minus_baseline"]
         print(f"  sampan - baseline: {d['difference']:+.1%} (95% paired-bootstrap interval {d['ci95'][0]:+.1%} to "
               f"{d['ci95'][1]:+.1%}); either right {r['either_correct']:.1%}")
+        for part, row in r["by_length"].items():
+            if row["reviews"]:
+                print(f"  {part} ({row['reviews']} reviews): sampan {row['sampan_accuracy']:.1%} vs baseline "
+                      f"{row['baseline_accuracy']:.1%}")
         for name, ref in r["references"].items():
             print(f"  reference {name}: {ref['accuracy']:.1%}")
     elif name == "ner":

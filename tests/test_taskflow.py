@@ -335,6 +335,12 @@ def test_tasks_benchmark_quick(sampan_home, sentiment, tmp_path):
     task = sentiment.task
     overflow = sum(len(e.ids) > task.max_length for e in task.loaded.tokenizer.encode_batch(texts))
     assert sent["truncated_reviews"] == overflow
+    parts = sent["by_length"]
+    assert parts["longer_than_window"]["reviews"] == overflow
+    assert parts["longer_than_window"]["reviews"] + parts["within_window"]["reviews"] == sent["test_examples"]
+    for system in ("sampan", "baseline"):  # the two parts' accuracies weigh back to the whole
+        whole = sum(p[f"{system}_accuracy"] * p["reviews"] for p in parts.values() if p["reviews"])
+        assert whole == pytest.approx(sent[f"{system}_accuracy"] * sent["test_examples"])
     assert {"PER", "LOC", "micro"} <= set(r["ner"]["sampan"]) and {"PER", "LOC"} <= set(r["ner"]["lac"])
     arms = r["lora_vs_full"]
     assert arms["lora"]["trainable_parameters"] < arms["full_frozen"]["trainable_parameters"] < \
