@@ -108,29 +108,13 @@ def app_from_env():
     return _build(json.loads(os.environ[_ENV]))
 
 
-def _check_before_fork(spec: dict) -> None:
-    """Fail once, in the parent, on what would make every worker die at start (and be restarted forever)."""
-    if spec["tasks"]:
-        from sampan.taskflow import Taskflow
+def _check_before_loading(spec: dict) -> None:
+    """Fail at once, before any model loads, on what would fail later (with ``--workers N``, make
+    every worker die at start and be restarted forever)."""
+    from sampan.serving.tasks import check_task
 
-        known = Taskflow.tasks()
-        unknown = [t for t in spec["tasks"] if t not in known]
-        if unknown:
-            from sampan.utils.names import did_you_mean
-
-            raise ValueError(f"unknown task(s) {unknown}; {did_you_mean(unknown[0], known)}"
-                             f"sampan serve knows: {', '.join(sorted(known))}")
-        from sampan.taskflow.registry import task_class
-
-        for task, options in (spec["task_options"] or {}).items():
-            for name, flag in (("batch_size", "--max-batch-size"), ("num_threads", "--num-threads")):
-                if name in options:
-                    raise ValueError(f"--task-option {task}.{name}: sampan serve sets it for every task; "
-                                     f"use {flag}")
-            try:
-                task_class(task).check_options(options)
-            except ValueError as error:
-                raise ValueError(f"--task-option: {error}") from None
+    for task in spec["tasks"]:
+        check_task(task, spec["task_options"].get(task))
     for name, path in spec["model_dirs"].items():
         if not (Path(path) / "inference.json").is_file():
             raise FileNotFoundError(f"model '{name}': {Path(path) / 'inference.json'} not found")
@@ -151,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     spec = _spec(args)
     ServingConfig(**spec["limits"])  # validate the limits before loading anything
-    _check_before_fork(spec)  # and the names and options, which every worker would otherwise die on
+    _check_before_loading(spec)  # task names and options too
     where = f"http://{args.host}:{args.port}"
     if args.workers == 1:
         app = _build(spec)

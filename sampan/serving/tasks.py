@@ -37,17 +37,31 @@ class ServedTask:
         return split
 
 
+# What the service sets for every task it loads, and the flag that sets it.
+_SET_BY_SERVE = {"batch_size": "--max-batch-size", "num_threads": "--num-threads"}
+
+
+def check_task(name: str, options: dict[str, Any] | None = None) -> None:
+    """A ``ValueError`` for an unknown task (closest name suggested), for an option the task does
+    not take, and for one the service sets itself; loads nothing, so ``sampan serve`` runs it on
+    every task before any model loads."""
+    from sampan.taskflow.registry import task_class
+
+    cls = task_class(name)
+    for key in options or {}:
+        if key in _SET_BY_SERVE:
+            raise ValueError(f"task option {name}.{key}: sampan serve sets it for every task; use "
+                             f"{_SET_BY_SERVE[key]}")
+    cls.check_options(options or {})
+
+
 def load_task(name: str, batch_size: int, options: dict[str, Any] | None = None,
               num_threads: int | None = None) -> ServedTask:
-    """Build ``Taskflow(name, batch_size=...)``; an unknown task is a ValueError listing the known ones."""
+    """Build ``Taskflow(name, batch_size=...)`` after :func:`check_task`."""
     from sampan.taskflow import Taskflow
 
+    check_task(name, options)
     known = Taskflow.tasks()
-    if name not in known:
-        from sampan.utils.names import did_you_mean
-
-        raise ValueError(f"unknown task {name!r}; {did_you_mean(name, known)}sampan serve knows: "
-                         f"{', '.join(sorted(known))}")
     options = dict(options or {})
     if num_threads is not None:
         options.setdefault("num_threads", num_threads)
