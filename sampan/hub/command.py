@@ -5,29 +5,21 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 # The figures a table row has room for: the scores, not their losses, supports or precision /
 # recall parts (``--json`` prints every figure of every card).
 _HEADLINE_SUFFIXES = ("f1", "accuracy", "perplexity")
 
 
-def headline_metrics(metrics: dict[str, object], sep: str = ", ") -> str:
-    """A card's scores for ``sampan hub list``: ``test_f1=0.924, test_PER_f1=0.911, ...``."""
-    return sep.join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+def headline_metrics(metrics: dict[str, object], sep: str = ", ", short: bool = False) -> str:
+    """A card's scores for ``sampan hub list``: ``test_f1=0.924, test_PER_f1=0.911, ...``;
+    ``short`` drops the split's prefix (``f1=0.924``: every card's scores are held-out figures)."""
+    def name(key: str) -> str:
+        return key.removeprefix("test_").removeprefix("heldout_") if short else key
+
+    return sep.join(f"{name(k)}={v:.3g}" if isinstance(v, float) else f"{name(k)}={v}"
                     for k, v in metrics.items() if k.endswith(_HEADLINE_SUFFIXES))
-
-
-def _short(figures: str) -> str:
-    """Figures without their split's prefix (every card's scores are on held-out data; the column
-    says so), so that they fit an 80-column terminal."""
-    return "\n".join(line.removeprefix("test_").removeprefix("heldout_") for line in figures.splitlines())
-
-
-def _where(path: str, home_models: str) -> str:
-    """"built" or "shipped" (the title names both folders): a full path would not fit 80 columns."""
-    from pathlib import Path
-
-    return "built" if Path(path).is_relative_to(home_models) else "shipped"
 
 
 def _cmd_hub_list(args: argparse.Namespace) -> int:
@@ -53,7 +45,9 @@ def _cmd_hub_list(args: argparse.Namespace) -> int:
     table.add_column("where", no_wrap=True)
     stored = {m["name"] for m in listing["models"]}
     for m in listing["models"]:
-        table.add_row(m["name"], m["task"], _short(headline_metrics(m["metrics"], "\n")), _where(m["path"], home_models))
+        # "built" or "shipped" rather than the path, which the title gives and 80 columns cannot hold
+        where = "built" if Path(m["path"]).is_relative_to(home_models) else "shipped"
+        table.add_row(m["name"], m["task"], headline_metrics(m["metrics"], "\n", short=True), where)
     for name in sorted(set(RECIPES) - stored):
         table.add_row(name, RECIPES[name].task, "", f"not built: sampan hub build {name}")
     Console().print(table)

@@ -418,10 +418,13 @@ def parse_settings(cls: type, pairs: list[str]) -> Any:
             values[key] = raw.lower() in ("true", "1")
             continue
         try:
-            number = float(raw) if kind is int else None
-            if number is not None and not number.is_integer():
-                raise ValueError
-            values[key] = raw if kind is str else int(number) if kind is int else kind(raw)
+            if kind is int:  # "1e3" is 1000; "2.5" is refused rather than cut to 2
+                number = float(raw)
+                if not number.is_integer():
+                    raise ValueError(raw)
+                values[key] = int(number)
+            else:
+                values[key] = raw if kind is str else kind(raw)
         except ValueError:
             raise ValueError(f"--set {pair!r}: {key} takes {'an integer' if kind is int else 'a number'}, "
                              f"e.g. {key}={fields[key].default}") from None
