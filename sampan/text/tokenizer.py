@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
-from tokenizers import Encoding, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+from tokenizers import Encoding, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(len(SPECIAL_TOKENS))
@@ -170,6 +170,30 @@ class ChineseTokenizer:
             raise
         except Exception as err:  # tokenizers raises a bare Exception on malformed JSON
             raise ValueError(f"{path} is not a tokenizers JSON file: {err}") from err
+
+    def save_pretrained(self, directory: str | os.PathLike, model_max_length: int | None = None) -> tuple[Path, ...]:
+        """Write a Hugging Face tokenizer directory: ``transformers.AutoTokenizer.from_pretrained`` and
+        ``PretrainedTokenizer.from_pretrained`` load it with this tokenizer's ids.
+
+        Files: ``tokenizer.json``, ``tokenizer_config.json``, ``special_tokens_map.json`` and
+        ``vocab.txt``, each written atomically; other files in ``directory`` (a model) are left alone.
+        The config names ``PreTrainedTokenizerFast``, which runs ``tokenizer.json`` as written:
+        naming ``BertTokenizer`` would make transformers rebuild the pipeline around the vocabulary
+        from its own code, without the NFKC step, so full-width ``ＡＢＣ１９９８`` would no longer
+        match the half-width vocabulary. The saved decoder also drops the spaces between CJK
+        characters, as :meth:`decode` does, so transformers' ``decode`` gives the same text.
+        ``model_max_length`` (the model's context length) goes into the config when given.
+        """
+        from sampan.text.pretrained_tokenizer import PretrainedTokenizer
+
+        backend = Tokenizer.from_str(self.to_json())
+        # Fuse makes one string of the pieces, so the regex sees both neighbours of each space.
+        backend.decoder = decoders.Sequence([decoders.WordPiece(prefix=CONTINUATION), decoders.Fuse(),
+                                             decoders.Replace(Regex(_SPACE_NEAR_CJK.pattern), "")])
+        names = ("pad_token", "unk_token", "cls_token", "sep_token", "mask_token")
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
+                  "model_max_length": model_max_length, **dict(zip(names, SPECIAL_TOKENS, strict=True))}
+        return PretrainedTokenizer(backend, config).save_pretrained(directory)
 
     # -- encoding -------------------------------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = True) -> Encoding:
