@@ -1,6 +1,7 @@
-"""Greedy GPT generation that stops when every sequence has emitted EOS, as one static graph.
+"""Greedy generation that stops when every sequence has emitted EOS, as one static graph.
 
     python examples/jit_export.py [--model gpt-tiny] [--num-layers 2] [--vocab-size 64] [--max-new-tokens 8] [--out DIR]
+    python examples/jit_export.py --model qwen3-tiny        # any causal LM of the zoo (GPT, Llama / Qwen)
 
 The loop is ordinary Python (`while ... and not finished.all()`); `sampan.jit.to_static` turns it
 into a `torch.while_loop`, and `sampan.jit.save` writes it as `.pt2` and as ONNX (a `Loop` node)

@@ -41,11 +41,16 @@ def test_demo_flags_are_explained_by_the_config_docstring():
     assert docs["learning_rate"] == "peak LR (linear warmup, then cosine decay to 10%)."
 
 
-def test_models_json_lists_the_zoo(capsys):
+def test_models_json_lists_the_zoo_and_its_families(capsys):
     assert main(["models", "--json"]) == 0
-    rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)}
+    listed = json.loads(capsys.readouterr().out)
+    rows = {row["name"]: row for row in listed["models"]}
     assert rows["gpt-175b"]["parameters"] == 174_604_259_328
     assert rows["ernie-base"]["vocab"] == 21128
+    assert rows["qwen2.5-7b"]["parameters"] == 7_615_616_512 and rows["qwen2.5-7b"]["kv_heads"] == 4
+    families = {f["family"]: f for f in listed["families"]}
+    assert families["llama"]["hf_model_types"] == ["llama", "qwen2", "qwen3"]
+    assert families["llama"]["heads"][0] == "causal_lm" and "bert" in families["ernie"]["hf_model_types"]
 
 
 def test_bad_demo_argument_is_a_clear_error(capsys):

@@ -283,6 +283,6 @@ def test_pre_norm_encoder_ends_with_one_layer_norm():
     loss = pre(ids, labels=ids)
     loss.backward()
     assert pre.ernie.final_norm.weight.grad is not None and torch.isfinite(loss)
-    from sampan.models.parallel_plans import pipeline_parts
+    from sampan.models.ernie.parallelize import pipeline_parts
 
     assert pipeline_parts(pre).norm is pre.ernie.final_norm and pipeline_parts(post).norm is None

@@ -33,7 +33,7 @@ def _losses(out: Path) -> list[float]:
 def reference(tmp_path_factory) -> dict[str, list[float]]:
     """One-process losses per model family (no fleet, no process group)."""
     out = {}
-    for family in ("gpt", "ernie", "custom"):
+    for family in ("gpt", "ernie", "llama", "custom"):
         path = tmp_path_factory.mktemp("ref") / f"{family}.json"
         subprocess.run([sys.executable, str(SCRIPT), str(path), "--family", family], check=True, env=ENV,
                        timeout=120, capture_output=True)
@@ -67,13 +67,16 @@ CASES = {
 
 
 # Layouts beyond the issue's list run for GPT only, to keep the suite's time in bounds; ERNIE runs
-# every layout the issue names.
+# every layout the issue names. The Llama family (GQA with KV heads split over mp, q / k / v bias,
+# per-head q / k norm, tied head) runs each kind of split once.
 GPT_ONLY = {"dp2-accumulate2", "dp2xsharding2-stage3", "dp2xmp2-sequence-parallel", "dp2xpp2"}
+LLAMA = {"mp2", "mp2-sequence-parallel", "sharding2-stage3", "pp2-1F1B", "mp2xpp2", "dp2xmp2"}
+FAMILY_CASES = ([(case, family) for case in sorted(CASES) for family in ("gpt", "ernie")
+                 if family == "gpt" or case not in GPT_ONLY] + [(case, "llama") for case in sorted(LLAMA)])
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(("case", "family"), [(case, family) for case in sorted(CASES) for family in ("gpt", "ernie")
-                                              if family == "gpt" or case not in GPT_ONLY])
+@pytest.mark.parametrize(("case", "family"), FAMILY_CASES)
 def test_strategy_matches_one_process(case, family, reference, tmp_path):
     nproc, args = CASES[case]
     out = tmp_path / "losses.json"
@@ -93,7 +96,7 @@ def test_users_own_model_with_its_own_tp_plan_and_pipeline_split(nproc, args, re
 
 
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("family", ["gpt", "ernie"])
+@pytest.mark.parametrize("family", ["gpt", "ernie", "llama"])
 def test_dp2_mp2_pp2_on_8_ranks(family, reference, tmp_path):
     out = tmp_path / "losses.json"
     run = _torchrun(8, out, "--family", family, "--dp", "2", "--mp", "2", "--pp", "2", "--accumulate", "2",
@@ -116,6 +119,7 @@ def test_single_process_fleet_matches_plain_training(reference, tmp_path):
     (2, ["--mp", "2", "--pp", "1", "--dp", "1", "--sharding", "2"], "but world_size is 2"),
     (3, ["--mp", "3"], "mp_degree 3 does not divide the model's 4 attention heads"),
     (2, ["--pp", "2", "--accumulate", "1"], "micro-batches fewer than pipeline stages"),
+    (4, ["--family", "llama", "--mp", "4"], "mp_degree 4 does not divide the model's 2 key/value heads"),
 ])
 def test_mistakes_fail_on_every_rank_with_a_clear_error(nproc, args, message, tmp_path):
     run = _torchrun(nproc, tmp_path / "x.json", *args, timeout=100)

@@ -1,4 +1,4 @@
-"""sampan's ERNIE reproduces Hugging Face BERT checkpoints loaded with ``from_hf_bert``."""
+"""sampan's ERNIE reproduces Hugging Face BERT checkpoints opened with ``sampan.models.from_pretrained``."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import json
 import pytest
 import torch
 
-from sampan.models.ernie import (
+from sampan.models import (
     ErnieForMaskedLM,
     ErnieForSequenceClassification,
     ErnieForTokenClassification,
     ErnieModel,
-    from_hf_bert,
+    from_pretrained,
 )
 
 transformers = pytest.importorskip("transformers")
@@ -68,7 +68,7 @@ def bert_dir(tmp_path_factory):
 def test_bert_model_matches(bert_dir):
     hf, path = bert_dir
     assert (path / "model.safetensors").is_file()
-    ours = from_hf_bert(path)
+    ours = from_pretrained(path)
     assert type(ours) is ErnieModel and not ours.training
     ids, types, mask = _batch()
     with torch.no_grad():
@@ -83,7 +83,7 @@ def test_bert_model_matches(bert_dir):
 def test_bert_for_masked_lm_matches(tmp_path):
     hf = _build(transformers.BertForMaskedLM, _config(hidden_act="gelu_new"))
     hf.save_pretrained(tmp_path)
-    ours = from_hf_bert(tmp_path)
+    ours = from_pretrained(tmp_path)
     assert type(ours) is ErnieForMaskedLM and ours.config.activation == "gelu_tanh"
     assert ours.lm_head.decoder.weight is ours.ernie.embeddings.word_embeddings.weight
     ids, types, mask = _batch()
@@ -93,7 +93,7 @@ def test_bert_for_masked_lm_matches(tmp_path):
     assert _max_diff(logits, expected) < TOL
     # The same checkpoint as a bare encoder: the MLM head is skipped, there is no pooler to fill.
     with pytest.raises(ValueError, match="pooler.dense.weight"):
-        from_hf_bert(tmp_path, head="none")
+        from_pretrained(tmp_path, head="none")
 
 
 @pytest.mark.parametrize("arch,cls", [
@@ -103,7 +103,7 @@ def test_bert_for_masked_lm_matches(tmp_path):
 def test_classifiers_match(tmp_path, arch, cls):
     hf = _build(getattr(transformers, arch), _config(num_labels=3))
     hf.save_pretrained(tmp_path)
-    ours = from_hf_bert(tmp_path)
+    ours = from_pretrained(tmp_path)
     assert type(ours) is cls and ours.config.num_labels == 3
     ids, types, mask = _batch()
     with torch.no_grad():
@@ -122,7 +122,7 @@ def test_legacy_pytorch_model_bin_with_prefix_and_gamma_beta(bert_dir, tmp_path)
             key = key.replace(".weight", ".gamma").replace(".bias", ".beta")
         state[key] = tensor.clone()
     torch.save(state, tmp_path / "pytorch_model.bin")
-    ours = from_hf_bert(tmp_path)
+    ours = from_pretrained(tmp_path)
     ids, types, mask = _batch()
     with torch.no_grad():
         expected = hf(input_ids=ids, token_type_ids=types, attention_mask=mask)
@@ -140,7 +140,7 @@ def test_sharded_safetensors_and_legacy_tied_decoder(tmp_path):
     hf.save_pretrained(sharded, max_shard_size="100KB")
     assert (sharded / "model.safetensors.index.json").is_file()
     with torch.no_grad():
-        assert _max_diff(from_hf_bert(sharded)(ids, types, mask), expected) < TOL
+        assert _max_diff(from_pretrained(sharded)(ids, types, mask), expected) < TOL
 
     # Old pytorch_model.bin files hold the tied decoder weight and bias too: checked, not loaded.
     legacy = tmp_path / "legacy"
@@ -150,11 +150,11 @@ def test_sharded_safetensors_and_legacy_tied_decoder(tmp_path):
     assert "cls.predictions.decoder.weight" in state and "cls.predictions.decoder.bias" in state
     torch.save(state, legacy / "pytorch_model.bin")
     with torch.no_grad():
-        assert _max_diff(from_hf_bert(legacy)(ids, types, mask), expected) < TOL
+        assert _max_diff(from_pretrained(legacy)(ids, types, mask), expected) < TOL
     state["cls.predictions.decoder.weight"] += 1.0
     torch.save(state, legacy / "pytorch_model.bin")
     with pytest.raises(ValueError, match="decoder.weight differs"):
-        from_hf_bert(legacy)
+        from_pretrained(legacy)
 
 
 def test_unknown_and_missing_keys_are_named(bert_dir, tmp_path):
@@ -164,7 +164,7 @@ def test_unknown_and_missing_keys_are_named(bert_dir, tmp_path):
     state["encoder.layer.0.attention.self.rotary.weight"] = torch.zeros(1)
     torch.save(state, tmp_path / "pytorch_model.bin")
     with pytest.raises(ValueError, match=r"layers\.1\.mlp\.fc2\.bias.*rotary"):
-        from_hf_bert(tmp_path)
+        from_pretrained(tmp_path)
 
 
 def test_relative_position_embeddings_rejected(bert_dir, tmp_path):
@@ -173,12 +173,12 @@ def test_relative_position_embeddings_rejected(bert_dir, tmp_path):
     config["position_embedding_type"] = "relative_key"
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="position_embedding_type.*not supported"):
-        from_hf_bert(tmp_path)
+        from_pretrained(tmp_path)
 
 
 def test_missing_files(tmp_path, bert_dir):
     with pytest.raises(FileNotFoundError, match="config.json"):
-        from_hf_bert(tmp_path / "nope")
+        from_pretrained(tmp_path / "nope")
     (tmp_path / "config.json").write_text((bert_dir[1] / "config.json").read_text())
     with pytest.raises(FileNotFoundError, match="model.safetensors"):
-        from_hf_bert(tmp_path)
+        from_pretrained(tmp_path)

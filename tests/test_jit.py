@@ -213,14 +213,16 @@ def test_seed_snippet_round_trips(tmp_path, monkeypatch):
     assert meta["outputs"][0]["shape"] == [2, 3] and meta["sampan_version"] == sampan.__version__
 
 
-def test_gpt_early_exit_example_converts_and_exports(tmp_path):
+@pytest.mark.parametrize("model", ["gpt-tiny", "qwen3-tiny"])
+def test_early_exit_decode_example_converts_and_exports(model, tmp_path):
+    """Greedy decoding with a tensor early exit, for GPT and for the Llama family (RoPE, GQA, q / k norm)."""
     # Imported under a real module name: torch.compile imports the module of traced functions.
     spec = importlib.util.spec_from_file_location("jit_export_example", ROOT / "examples" / "jit_export.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
-    result = module.main(["--backend", "eager", "--num-layers", "1", "--max-new-tokens", "6",
-                             "--out", str(tmp_path)])
+    result = module.main(["--model", model, "--backend", "eager", "--num-layers", "1", "--max-new-tokens", "6",
+                          "--out", str(tmp_path)])
     eager_ids, eager_steps = result["eager"]
     for key in ("static", "pt2", "onnx"):
         ids, steps = result[key]

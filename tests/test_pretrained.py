@@ -188,8 +188,8 @@ def test_unknown_config_field_is_value_error(tmp_path):
 
 def test_unknown_architecture_is_value_error(tmp_path):
     gpt().save_pretrained(tmp_path / "m")
-    edit_config(tmp_path / "m", architecture="LlamaForCausalLM")
-    with pytest.raises(ValueError, match="LlamaForCausalLM"):
+    edit_config(tmp_path / "m", architecture="MambaForCausalLM")
+    with pytest.raises(ValueError, match="MambaForCausalLM"):
         from_pretrained(tmp_path / "m")
 
 

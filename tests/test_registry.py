@@ -17,6 +17,8 @@ from sampan.models import (
     GPTConfig,
     GPTForCausalLM,
     GPTModel,
+    LlamaForCausalLM,
+    LlamaModel,
     create,
     get_config,
     list_models,
@@ -152,6 +154,8 @@ CLASSES = {
     ("ernie", "none"): ErnieModel,
     ("ernie", "sequence_classification"): ErnieForSequenceClassification,
     ("ernie", "token_classification"): ErnieForTokenClassification,
+    ("llama", "causal_lm"): LlamaForCausalLM,
+    ("llama", "none"): LlamaModel,
 }
 
 

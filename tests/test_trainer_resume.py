@@ -33,19 +33,20 @@ def _final_bytes(out: Path, step: int) -> dict[str, bytes]:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("workers", [0, 2])
-def test_sigkill_then_auto_resume_is_bit_identical(tmp_path, workers):
+@pytest.mark.parametrize("workers, model", [(0, ["--family", "gpt"]), (2, ["--family", "gpt"]),
+                                            (0, ["--family", "llama", "--recompute", "full"])])
+def test_sigkill_then_auto_resume_is_bit_identical(tmp_path, workers, model):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    done = _run(straight, "--workers", str(workers))
+    done = _run(straight, "--workers", str(workers), *model)
     assert done.returncode == 0, done.stderr
 
     # Killed right after step 7: the newest checkpoint is step 4, steps 5-7 must be redone.
-    crash = _run(killed, "--workers", str(workers), "--kill-at", "7")
+    crash = _run(killed, "--workers", str(workers), "--kill-at", "7", *model)
     assert crash.returncode == -signal.SIGKILL, crash.stderr
     assert sorted(p.name for p in killed.glob("checkpoint-*")) == ["checkpoint-00000004"]
     assert max(_losses(killed)) == 6  # logged past its checkpoint (killed before logging step 7)
 
-    resumed = _run(killed, "--workers", str(workers), "--resume", "auto")
+    resumed = _run(killed, "--workers", str(workers), "--resume", "auto", *model)
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed from" in resumed.stdout and "at step 4" in resumed.stdout
 

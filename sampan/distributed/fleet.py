@@ -25,12 +25,12 @@ from sampan.distributed import env
 from sampan.distributed.clip import HybridClipGradByGlobalNorm
 from sampan.distributed.model import DistributedModel
 from sampan.distributed.pipeline import PipelineRunner, StageNames, TiedWeightSync, build_stage_modules
-from sampan.distributed.sequence_parallel import sequence_parallel_plan
 from sampan.distributed.sharding import apply_sharding
 from sampan.distributed.strategy import DistributedStrategy
 from sampan.distributed.tensor_parallel import apply_tensor_parallel, uses_loss_parallel
 from sampan.distributed.topology import HybridCommunicateGroup
-from sampan.models.parallel_plans import PipelineParts, pipeline_parts, tensor_parallel_plan
+from sampan.models.pipeline_parts import PipelineParts
+from sampan.models.registry import spec_of
 from sampan.nn.clip import ClipGradByGlobalNorm
 from sampan.trainer.recompute import apply_recompute
 
@@ -74,31 +74,36 @@ class Fleet:
                           pipeline_parts: PipelineParts | None = None) -> DistributedModel:
         """Split ``model`` as the strategy says: tensor parallel, recompute, then dp / sharding.
 
-        A model sampan doesn't know brings its own split: ``tp_plan`` (module-name pattern ->
-        "colwise" | "rowwise" | "vocab" | "shared_input") for mp > 1, ``pipeline_parts`` (a
-        ``PipelineParts``: embeddings, layers, norm, head, loss) for pp > 1. sampan's own GPT and
-        ERNIE have both already.
+        sampan's model families (GPT, ERNIE, Llama / Qwen) declare their splits in their spec. A
+        model sampan doesn't know brings its own: ``tp_plan`` (module-name pattern -> "colwise" |
+        "rowwise" | "vocab" | "shared_input") for mp > 1, ``pipeline_parts`` (a
+        ``PipelineParts``: embeddings, layers, norm, head, loss) for pp > 1.
         """
         hcg = self._require_init()
         strategy = self.strategy
         degrees = hcg.degrees
         config = getattr(model, "config", None)
         if config is not None and hasattr(config, "num_heads"):
-            strategy.validate_for_model(config.num_heads, config.num_layers, config.vocab_size, degrees)
+            strategy.validate_for_model(config.num_heads, config.num_layers, config.vocab_size, degrees,
+                                        num_kv_heads=getattr(config, "num_kv_heads", None))
         if degrees["pp"] > 1:
             return self._distributed_pipeline_model(model, tp_plan, pipeline_parts)
         old = {id(p): name for name, p in model.named_parameters(remove_duplicate=False)}
         loss_parallel = False
         if degrees["mp"] > 1:
-            plan = tp_plan if tp_plan is not None else tensor_parallel_plan(model)
+            plan = tp_plan if tp_plan is not None else _family_split(model, "tensor_parallel_plan")
             if plan is None:
                 raise ValueError(f"mp_degree {degrees['mp']} needs a tensor-parallel plan for {type(model).__name__}: "
                                  "pass tp_plan={'module.name.pattern': 'colwise' | 'rowwise' | 'vocab'}")
             if strategy.tensor_parallel_configs.sequence_parallel:
-                if tp_plan is not None:
-                    raise ValueError("sequence_parallel works with sampan's own GPT / ERNIE plans, not a custom tp_plan")
-                parallelize_module(model, hcg.mesh["mp"], sequence_parallel_plan(model))
-                model.tie_weights()
+                sp_plan = _family_split(model, "sequence_parallel_plan") if tp_plan is None else None
+                if sp_plan is None:
+                    raise ValueError("sequence_parallel needs a model family's sequence-parallel plan (sampan's GPT, "
+                                     f"ERNIE and Llama / Qwen have one); {type(model).__name__} with a custom "
+                                     "tp_plan has none")
+                parallelize_module(model, hcg.mesh["mp"], sp_plan)
+                if hasattr(model, "tie_weights"):
+                    model.tie_weights()
             else:
                 apply_tensor_parallel(model, hcg.mesh["mp"], plan)
             loss_parallel = uses_loss_parallel(model, plan)
@@ -114,24 +119,29 @@ class Fleet:
         """pp > 1: keep only this rank's stages, then tensor parallel, recompute and sharding per stage."""
         hcg, strategy = self.hcg, self.strategy
         degrees = hcg.degrees
-        parts = parts if parts is not None else pipeline_parts(model)
+        parts = parts if parts is not None else _family_split(model, "pipeline_parts")
         if parts is None:
             raise ValueError(f"pp_degree {degrees['pp']} needs pipeline split points for {type(model).__name__}: pass "
                              "pipeline_parts=PipelineParts(embeddings, layers, norm, lm_head, loss) "
-                             "(sampan's GPTForCausalLM and ErnieForMaskedLM have theirs)")
+                             "(sampan's language models have theirs: GPT and Llama / Qwen causal LMs, ERNIE's MLM)")
         tied = {id(p) for p in parts.embeddings.parameters()} & {id(p) for p in parts.lm_head.parameters()}
         pipe = strategy.pipeline_configs
         virtual = pipe.virtual_pp_degree
         stages = build_stage_modules(parts, hcg.get_stage_id(), degrees["pp"], virtual)
         names = StageNames.of(model, [m for _, m in stages])
         old = {id(p): (k, name) for k, (_, m) in enumerate(stages) for name, p in m.named_parameters()}
-        plan = tp_plan if tp_plan is not None else tensor_parallel_plan(model)
+        plan = tp_plan if tp_plan is not None else _family_split(model, "tensor_parallel_plan")
+        model_names = {id(m): name for name, m in model.named_modules(remove_duplicate=False)}
         for _, module in stages:
             if degrees["mp"] > 1:
                 if plan is None:
                     raise ValueError(f"mp_degree {degrees['mp']} needs a tensor-parallel plan for "
                                      f"{type(model).__name__}")
-                apply_tensor_parallel(module, hcg.mesh["mp"], plan, require_match=False, sharded_logits=False)
+                # The plan's patterns are written against the model's names; a stage holds the
+                # same modules under its own (``embeddings``, ``layers.0``), so match by the model's.
+                as_model = {name: model_names.get(id(m), name) for name, m in module.named_modules()}
+                apply_tensor_parallel(module, hcg.mesh["mp"], plan, require_match=False, sharded_logits=False,
+                                      match_names=as_model)
             apply_recompute(module, strategy.recompute)
             if hcg.data_world_size > 1:
                 apply_sharding(module, hcg.data_mesh(), strategy.sharding_configs.stage)
@@ -183,6 +193,13 @@ class Fleet:
                 value = value[r * size:(r + 1) * size]
             out[key] = value
         return out
+
+
+def _family_split(model: nn.Module, name: str):
+    """The model family's ``tensor_parallel_plan`` / ``sequence_parallel_plan`` / ``pipeline_parts``
+    of ``model``, or None when sampan doesn't know the model."""
+    spec = spec_of(model)
+    return getattr(spec.parallel(), name)(model) if spec is not None else None
 
 
 _default = Fleet()

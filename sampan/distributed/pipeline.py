@@ -21,7 +21,7 @@ from torch.distributed.pipelining import (
 )
 from torch.distributed.tensor import DTensor
 
-from sampan.models.parallel_plans import PipelineParts
+from sampan.models.pipeline_parts import PipelineParts
 
 
 class StageModule(nn.Module):

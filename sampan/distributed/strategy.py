@@ -292,11 +292,13 @@ class DistributedStrategy:
         return degrees
 
     def validate_for_model(self, num_heads: int, num_layers: int, vocab_size: int,
-                           degrees: Mapping[str, int]) -> None:
+                           degrees: Mapping[str, int], num_kv_heads: int | None = None) -> None:
         """Check that the model can be split as ``degrees`` (from :meth:`resolve_degrees`) says.
 
         Raises one ValueError listing every problem, so all can be fixed in one go. An axis missing
         from ``degrees`` counts as 1. sequence_parallel at mp 1 is allowed: it is a no-op.
+        ``num_kv_heads`` is the key / value head count of grouped-query attention (None: as many
+        as ``num_heads``).
         """
         for name, value in (("num_heads", num_heads), ("num_layers", num_layers), ("vocab_size", vocab_size)):
             if not _is_int(value) or value < 1:
@@ -314,6 +316,11 @@ class DistributedStrategy:
         if num_heads % mp:  # tensor parallel attention gives each mp rank whole heads
             divisors = [d for d in range(1, num_heads + 1) if num_heads % d == 0]
             problems.append(f"mp_degree {mp} does not divide the model's {num_heads} attention heads; use one of {divisors}")
+        if num_kv_heads is not None and num_kv_heads != num_heads and num_kv_heads % mp:
+            divisors = [d for d in range(1, num_kv_heads + 1) if num_kv_heads % d == 0]
+            problems.append(f"mp_degree {mp} does not divide the model's {num_kv_heads} key/value heads "
+                            f"(num_key_value_heads): tensor parallel gives each mp rank whole KV heads; use one of "
+                            f"{divisors}")
         if vocab_size % mp:
             padded = -(-vocab_size // mp) * mp
             problems.append(f"mp_degree {mp} does not divide vocab_size {vocab_size}: the vocabulary-parallel embedding "

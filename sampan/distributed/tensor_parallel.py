@@ -1,14 +1,21 @@
-"""Apply a tensor-parallel plan (name pattern -> "colwise" | "rowwise" | "vocab" | "shared_input") with DTensor.
+"""Apply a tensor-parallel plan (name pattern -> "colwise" | "rowwise" | "vocab" | "shared_input" |
+"head_norm") with DTensor.
 
 "shared_input" marks a module whose first input feeds several column-parallel layers (attention's
 q, k and v projections): the input becomes one replicated DTensor before they read it, so their
 input gradients are summed as partial sums and all-reduced once, as Megatron's fused QKV does,
 instead of once per projection (3 all-reduces per layer in backward become 1).
+
+"head_norm" marks a norm applied to each head of a head-sharded activation (Qwen3's q / k norm on
+``[b, s, heads, d]``): every rank sees only its own heads, so its weight gradient is a partial sum.
+The weight becomes a replicated DTensor and the input a head-sharded one, and DTensor sums the
+gradient over the mp ranks; left a plain tensor, each rank would step with its own part.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from fnmatch import fnmatchcase
 
 from torch import nn
@@ -17,11 +24,13 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     RowwiseParallel,
+    SequenceParallel,
     loss_parallel,
     parallelize_module,
 )
 
-STYLES = ("colwise", "rowwise", "vocab", "shared_input")
+STYLES = ("colwise", "rowwise", "vocab", "shared_input", "head_norm")
+HEAD_DIM = 2  # [batch, seq, heads, head_dim]
 
 
 def _style(kind: str, module: nn.Module, name: str, sharded_logits: bool = True):
@@ -29,6 +38,8 @@ def _style(kind: str, module: nn.Module, name: str, sharded_logits: bool = True)
         return ColwiseParallel()
     if kind == "rowwise":
         return RowwiseParallel()
+    if kind == "head_norm":
+        return SequenceParallel(sequence_dim=HEAD_DIM, use_local_output=True)
     if isinstance(module, nn.Embedding):
         # Each rank holds a slice of the vocabulary; out-of-slice ids give zeros, and the partial
         # embeddings are summed (all-reduce) into a replicated output.
@@ -43,26 +54,29 @@ def _style(kind: str, module: nn.Module, name: str, sharded_logits: bool = True)
 
 
 def resolve_plan(model: nn.Module, plan: dict[str, str], require_match: bool = True,
-                 sharded_logits: bool = True) -> dict[str, object]:
+                 sharded_logits: bool = True, match_names: Mapping[str, str] | None = None) -> dict[str, object]:
     """Match ``plan``'s patterns against ``model``'s module names.
 
     Every pattern must match something unless ``require_match`` is False (a pipeline stage holds
-    only part of the model).
+    only part of the model). ``match_names`` maps a module's name in ``model`` to the name the
+    patterns are matched against (a stage's modules under the whole model's names).
     """
     resolved: dict[str, object] = {}
-    for name, kind, module in _matches(model, plan, require_match):
+    for name, kind, module in _matches(model, plan, require_match, match_names):
         if kind != "shared_input":
             resolved[name] = _style(kind, module, name, sharded_logits)
     return resolved
 
 
-def _matches(model: nn.Module, plan: dict[str, str], require_match: bool):
+def _matches(model: nn.Module, plan: dict[str, str], require_match: bool,
+             match_names: Mapping[str, str] | None = None):
     """``(module name, style, module)`` for every module a plan pattern matches."""
     modules = dict(model.named_modules())
+    names = match_names or {}
     for pattern, kind in plan.items():
         if kind not in STYLES:
             raise ValueError(f"tensor-parallel plan entry {pattern!r}: unknown style {kind!r}; allowed: {list(STYLES)}")
-        matches = [name for name in modules if name and fnmatchcase(name, pattern)]
+        matches = [name for name in modules if name and fnmatchcase(names.get(name, name), pattern)]
         if not matches and require_match:
             raise ValueError(f"tensor-parallel plan pattern {pattern!r} matches no module of {type(model).__name__}")
         for name in matches:
@@ -86,14 +100,16 @@ def uses_loss_parallel(model: nn.Module, plan: dict[str, str]) -> bool:
 
 
 def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, plan: dict[str, str], require_match: bool = True,
-                          sharded_logits: bool = True) -> nn.Module:
+                          sharded_logits: bool = True, match_names: Mapping[str, str] | None = None) -> nn.Module:
     """Shard ``model`` in place over the 1-D ``mesh`` as ``plan`` says; tied weights are re-tied."""
     if hasattr(model, "config"):
-        heads = getattr(model.config, "num_heads", None)
-        if heads is not None and heads % mesh.size():
-            raise ValueError(f"mp_degree {mesh.size()} does not divide the model's {heads} attention heads")
-    parallelize_module(model, mesh, resolve_plan(model, plan, require_match, sharded_logits))
-    for _, kind, module in _matches(model, plan, require_match):
+        for field in ("num_heads", "num_kv_heads"):
+            heads = getattr(model.config, field, None)
+            if heads is not None and heads % mesh.size():
+                raise ValueError(f"mp_degree {mesh.size()} does not divide the model's {heads} {field} "
+                                 "(each tensor-parallel rank holds whole heads)")
+    parallelize_module(model, mesh, resolve_plan(model, plan, require_match, sharded_logits, match_names))
+    for _, kind, module in _matches(model, plan, require_match, match_names):
         if kind == "shared_input":
             _share_first_input(module, mesh)
     # Sharding replaced each tied parameter twice (embedding and head); share the result again.

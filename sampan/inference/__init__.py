@@ -16,12 +16,12 @@ does not pay torch's import time; the export functions, which run torch, load on
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sampan.inference.config import Config
 from sampan.inference.int8 import int8_model_path
 from sampan.inference.predictor import InputHandle, OutputHandle, Predictor, create_predictor
+from sampan.utils.lazy import lazy_exports
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from sampan.inference.export import export_model
@@ -31,12 +31,7 @@ _EXPORTERS = {"export_model": "sampan.inference.export", "export_model_dir": "sa
               "export_pretrained": "sampan.inference.pretrained"}
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTERS:
-        value = getattr(importlib.import_module(_EXPORTERS[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'sampan.inference' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTERS)
 
 __all__ = [
     "Config",

@@ -53,7 +53,7 @@ class EncoderLogits(nn.Module):
 
 
 class DecoderLogits(nn.Module):
-    """A GPT language model as ``input_ids [B, S] -> logits [B, S, V]``."""
+    """A causal language model (GPT, Llama / Qwen) as ``input_ids [B, S] -> logits [B, S, V]``."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
@@ -63,32 +63,37 @@ class DecoderLogits(nn.Module):
         return self.model(input_ids)
 
 
+# Heads by what their graph takes: encoder heads read a padding mask, causal LMs only the ids.
+ENCODER_HEADS = ("sequence_classification", "token_classification", "masked_lm")
+DECODER_HEADS = ("causal_lm",)
+
+
 def _wrap(model: nn.Module, features: CharFeatures | None = None) -> tuple[nn.Module, list[InputSpec]]:
-    from sampan.models import ErnieForMaskedLM, ErnieForSequenceClassification, ErnieForTokenClassification
-    from sampan.models.gpt.modeling import GPTForCausalLM
+    from sampan.models import spec_of
 
     ids = InputSpec([None, None], "int64", "input_ids")
-    if isinstance(model, (ErnieForSequenceClassification, ErnieForTokenClassification, ErnieForMaskedLM)):
-        config = model.config
-        names = tuple(f for f in FEATURE_NAMES if getattr(config, f"{f}_vocab_size", 0))
-        specs = [ids, InputSpec([None, None], "int64", "attention_mask")]
-        if not names:
-            return EncoderLogits(model), specs
-        if features is None:
-            raise ValueError(f"the model embeds {', '.join(names)} features: pass features=CharFeatures.load(...) "
-                             "(the features.json beside its weights) so the graph can look them up; "
-                             "export_model_dir and `sampan export` find it themselves")
-        if features.table.shape[0] < config.vocab_size:
-            raise ValueError(f"features cover {features.table.shape[0]} token ids but the model's vocab_size is "
-                             f"{config.vocab_size}: they do not belong together")
-        columns = [FEATURE_NAMES.index(n) for n in names]
-        table = torch.from_numpy(features.table[: config.vocab_size, columns].copy())
-        return EncoderLogits(model, table, names), specs
-    if isinstance(model, GPTForCausalLM):
+    head = getattr(type(model), "head", None)
+    if spec_of(model) is None or head not in ENCODER_HEADS + DECODER_HEADS:
+        raise TypeError(f"export_pretrained takes a sampan model with a {' / '.join(ENCODER_HEADS + DECODER_HEADS)} "
+                        f"head, got {type(model).__name__}; export other models with "
+                        "sampan.inference.export_model(fn, out_dir, input_spec)")
+    if head in DECODER_HEADS:
         return DecoderLogits(model), [ids]
-    raise TypeError(f"export_pretrained takes ErnieForSequenceClassification, ErnieForTokenClassification, "
-                    f"ErnieForMaskedLM or GPTForCausalLM, got {type(model).__name__}; "
-                    "export other models with sampan.inference.export_model(fn, out_dir, input_spec)")
+    config = model.config
+    names = tuple(f for f in FEATURE_NAMES if getattr(config, f"{f}_vocab_size", 0))
+    specs = [ids, InputSpec([None, None], "int64", "attention_mask")]
+    if not names:
+        return EncoderLogits(model), specs
+    if features is None:
+        raise ValueError(f"the model embeds {', '.join(names)} features: pass features=CharFeatures.load(...) "
+                         "(the features.json beside its weights) so the graph can look them up; "
+                         "export_model_dir and `sampan export` find it themselves")
+    if features.table.shape[0] < config.vocab_size:
+        raise ValueError(f"features cover {features.table.shape[0]} token ids but the model's vocab_size is "
+                         f"{config.vocab_size}: they do not belong together")
+    columns = [FEATURE_NAMES.index(n) for n in names]
+    table = torch.from_numpy(features.table[: config.vocab_size, columns].copy())
+    return EncoderLogits(model, table, names), specs
 
 
 def _verification_inputs(wrapper: nn.Module, n_inputs: int) -> list[list[torch.Tensor]]:
@@ -132,8 +137,8 @@ def export_pretrained(model: nn.Module, out_dir: str | os.PathLike[str], *, task
                       verify: bool = True, features: CharFeatures | None = None) -> Path:
     """Export one of sampan's models to an inference directory with dynamic batch and sequence.
 
-    ERNIE heads become ``(input_ids [B, S], attention_mask [B, S]) -> logits`` and
-    ``GPTForCausalLM`` becomes ``input_ids [B, S] -> logits [B, S, V]`` (int64 inputs; inputs
+    Encoder heads (ERNIE's) become ``(input_ids [B, S], attention_mask [B, S]) -> logits`` and
+    causal LMs (GPT, Llama / Qwen) ``input_ids [B, S] -> logits [B, S, V]`` (int64 inputs; inputs
     named ``input_ids`` / ``attention_mask``, the output ``logits``). The graph runs in float32
     on CPU whatever the model's dtype and device (a copy is upcast / moved; int8 is the small format).
     Before the directory is kept, both the ONNX and torch programs are run at batch 1 and 3 and

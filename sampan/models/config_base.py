@@ -21,6 +21,23 @@ class ModelConfig:
     model_type: ClassVar[str] = ""
     HEADS: ClassVar[tuple[str, ...]] = ()
 
+    # What a block is made of, as the planner prices it: these defaults are the GPT / BERT block
+    # (LayerNorm with bias, biased q / k / v / out and a 2-matrix MLP); a family whose blocks
+    # differ overrides them (class attributes or fields), so the planner needs no per-family code.
+    # They carry no annotation here on purpose: annotated, they would become the first fields of
+    # every subclass that redefines them as fields.
+    gated_mlp = False  # three MLP matrices (gate and up h -> ffn, down ffn -> h) instead of two
+    norm_kind = "layernorm"  # "layernorm" (weight and bias) or "rmsnorm" (weight only)
+    qkv_bias = True
+    out_bias = True
+    mlp_bias = True
+    qk_norm = False  # per-head RMSNorm of q and k (two head_dim weights per layer)
+
+    @property
+    def position_table_rows(self) -> int:
+        """Rows of the learned position-embedding table (0 for rotary positions)."""
+        return getattr(self, "max_position_embeddings", 0)
+
     # -- validation helpers -------------------------------------------------------------------
     def _positive(self, *names: str) -> None:
         for name in names:
@@ -91,17 +108,22 @@ class ModelConfig:
     def replace(self: C, **changes: Any) -> C:
         """A copy with ``changes`` applied and validated (unknown fields are errors).
 
-        A feed-forward width that was the default ``4 * hidden_size`` follows a new ``hidden_size``
-        unless ``intermediate_size`` is changed too.
+        A field that was derived from others follows them unless it is changed too: a feed-forward
+        width that was the default ``4 * hidden_size`` follows a new ``hidden_size`` (and a
+        Llama-family ``head_dim`` / ``num_kv_heads`` follow the width and head count).
         """
         fields = {f.name for f in dataclasses.fields(self)}
         unknown = sorted(set(changes) - fields)
         if unknown:
             raise ValueError(f"unknown {type(self).__name__} field(s) {unknown}; allowed: {sorted(fields)}")
-        if ("hidden_size" in changes and "intermediate_size" in fields and "intermediate_size" not in changes
-                and self.intermediate_size == 4 * self.hidden_size):  # type: ignore[attr-defined]
+        return dataclasses.replace(self, **self._follow_defaults(dict(changes)))
+
+    def _follow_defaults(self, changes: dict[str, Any]) -> dict[str, Any]:
+        """``changes`` plus the derived fields that must follow them (see ``replace``)."""
+        if ("hidden_size" in changes and "intermediate_size" not in changes
+                and getattr(self, "intermediate_size", None) == 4 * getattr(self, "hidden_size", 0)):
             changes["intermediate_size"] = 0
-        return dataclasses.replace(self, **changes)
+        return changes
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True, ensure_ascii=False)

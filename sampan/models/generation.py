@@ -44,7 +44,7 @@ class GenerationMixin:
         top_k: int = 0,
         top_p: float = 1.0,
         repetition_penalty: float = 1.0,
-        eos_token_id: int | None = None,
+        eos_token_id: int | list[int] | None = None,
         pad_token_id: int | None = None,
         do_sample: bool = False,
         attention_mask: torch.Tensor | None = None,
@@ -56,8 +56,9 @@ class GenerationMixin:
         Greedy unless ``do_sample=True``, which samples from ``softmax(logits / temperature)``
         restricted to ``top_k`` tokens and the ``top_p`` nucleus (``generator`` makes it
         repeatable). ``repetition_penalty > 1`` discourages tokens already in the sequence. A row
-        that emits ``eos_token_id`` (default: the config's) is finished and padded with
-        ``pad_token_id`` (default: the config's, else eos); generation stops when all rows are.
+        that emits ``eos_token_id`` (an id or a list of ids; default: the config's) is finished and
+        padded with ``pad_token_id`` (default: the config's, else the first eos); generation stops
+        when all rows are.
         For a batch of prompts of different lengths, left-pad them and pass ``attention_mask``.
         """
         config = self.config
@@ -77,7 +78,11 @@ class GenerationMixin:
                 f"max_position_embeddings ({config.max_position_embeddings}); shorten one of them"
             )
         eos = config.eos_token_id if eos_token_id is None else eos_token_id
-        pad = pad_token_id if pad_token_id is not None else (config.pad_token_id if config.pad_token_id is not None else eos)
+        eos_ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+        if pad_token_id is None:
+            pad_token_id = config.pad_token_id if config.pad_token_id is not None else (eos_ids or [None])[0]
+        pad = pad_token_id
+        eos = torch.tensor(eos_ids, dtype=torch.long, device=input_ids.device) if eos_ids else None
 
         was_training = self.training
         self.eval()
@@ -97,7 +102,7 @@ class GenerationMixin:
                     next_token = logits.argmax(dim=-1)
                 if eos is not None:
                     next_token = torch.where(finished, torch.full_like(next_token, pad), next_token)
-                    finished |= next_token == eos
+                    finished |= torch.isin(next_token, eos)
                 seqs = torch.cat([seqs, next_token[:, None]], dim=1)
                 step_input = next_token[:, None]
                 if mask is not None:

@@ -28,10 +28,3 @@ def init_transformer_weights(model: nn.Module, std: float, residual_layers: int 
         elif isinstance(module, nn.LayerNorm):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
-
-
-def token_cross_entropy(logits, labels, ignore_index: int = -100):
-    """Mean cross-entropy over positions whose label is not ``ignore_index`` (computed in fp32)."""
-    return nn.functional.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=ignore_index
-    )

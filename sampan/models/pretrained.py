@@ -1,34 +1,39 @@
-"""Saving and loading models as ``config.json`` + ``model.safetensors`` (never pickle)."""
+"""Saving and loading models: sampan's directories and Hugging Face's, both never through pickle.
+
+A sampan directory holds ``config.json`` (the sampan config plus ``architecture``, the head's
+class) and ``model.safetensors`` (or shards with an index). A Hugging Face directory holds HF's
+``config.json`` (``model_type``, ``architectures``) and the same weight files under HF's tensor
+names; ``from_pretrained`` opens either, and ``save_pretrained(format="hf")`` writes the second
+kind, which ``transformers`` opens with no conversion step.
+"""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
 
 from sampan.models.config_base import ModelConfig
+from sampan.models.weight_files import (
+    DEFAULT_MAX_SHARD_SIZE,
+    SAFETENSORS,
+    iter_tensors,
+    stored_float_dtype,
+    weight_files,
+    write_weights,
+)
 from sampan.tensor import DTypeLike, to_dtype
+from sampan.utils.atomic import atomic_dir
 
 CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
+WEIGHTS_NAME = SAFETENSORS
+FORMATS = ("sampan", "hf")
 
 # architecture name -> class; filled by PretrainedModel.__init_subclass__.
 ARCHITECTURES: dict[str, type[PretrainedModel]] = {}
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class PretrainedModel(torch.nn.Module):
@@ -64,127 +69,174 @@ class PretrainedModel(torch.nn.Module):
                 seen[id(param)] = name
         return aliases
 
-    def save_pretrained(self, save_directory: str | os.PathLike) -> Path:
-        """Write ``config.json`` and ``model.safetensors`` to ``save_directory`` atomically.
+    def save_pretrained(self, save_directory: str | os.PathLike, format: str = "sampan",
+                        max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE, tokenizer: Any = None) -> Path:
+        """Write the model to ``save_directory`` atomically and return its path.
 
-        Files are written into a temporary sibling directory, fsynced, then renamed into place,
-        so a crash never leaves a half-written model where a loader would find it. An existing
-        directory is replaced.
+        ``format="sampan"`` (default) writes sampan's ``config.json`` and weights; ``format="hf"``
+        writes a Hugging Face directory (HF config and tensor names) that ``transformers``'
+        ``AutoModelFor...`` classes open as they are. Weights above ``max_shard_size`` (bytes, or
+        a string such as ``"2GB"``) are split into shards with an index file. ``tokenizer``, when
+        given, writes its files beside the weights (``tokenizer.save_pretrained(dir)``; sampan's
+        tokenizers write the files ``AutoTokenizer`` reads).
+
+        Everything is written into a temporary sibling directory, fsynced, then renamed into
+        place, so a crash never leaves a half-written model where a loader would find it. An
+        existing directory is replaced.
         """
-        target = Path(save_directory)
-        target.parent.mkdir(parents=True, exist_ok=True)
+        if format not in FORMATS:
+            raise ValueError(f"format must be one of {list(FORMATS)}, got {format!r}")
         if any(t.is_meta for t in self.state_dict().values()):
             raise ValueError("cannot save a model on the meta device: materialise it (model.to_empty) first")
+        if tokenizer is not None and not hasattr(tokenizer, "save_pretrained"):
+            raise TypeError(f"tokenizer must have save_pretrained(directory), got {type(tokenizer).__name__}")
         tied = self.tied_weights()
-        tensors = {
-            name: tensor.detach().to("cpu").contiguous()
-            for name, tensor in self.state_dict().items()
-            if name not in tied
-        }
-        config = {**self.config.to_dict(), "architecture": type(self).__name__}
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-        try:
-            save_file(tensors, str(tmp / WEIGHTS_NAME), metadata={"format": "pt", "producer": "sampan"})
-            with open(tmp / CONFIG_NAME, "w", encoding="utf-8") as f:
-                f.write(json.dumps(config, indent=2, sort_keys=True, ensure_ascii=False))
-                f.flush()
-                os.fsync(f.fileno())
-            with open(tmp / WEIGHTS_NAME, "rb") as f:
-                os.fsync(f.fileno())
-            _fsync_dir(tmp)
-            if target.exists():
-                backup = target.with_name(f".{target.name}.old")
-                shutil.rmtree(backup, ignore_errors=True)
-                target.rename(backup)
-                tmp.rename(target)
-                shutil.rmtree(backup)
-            else:
-                tmp.rename(target)
-            _fsync_dir(target.parent)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return target
+        state = {name: tensor.detach() for name, tensor in self.state_dict().items() if name not in tied}
+        if format == "hf":
+            from sampan.models.hf_checkpoint import hf_config_and_state
+
+            config, state = hf_config_and_state(self, state)
+        else:
+            config = {**self.config.to_dict(), "architecture": type(self).__name__}
+        with atomic_dir(save_directory) as tmp:
+            write_weights(state, tmp, max_shard_size, metadata={"producer": "sampan"})
+            (tmp / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True, ensure_ascii=False) + "\n",
+                                           encoding="utf-8")
+            if format == "hf":
+                from sampan.models.hf_checkpoint import write_generation_config
+
+                write_generation_config(self.config, tmp)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp)
+        return Path(save_directory)
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike, device: str | torch.device | None = None,
-                        dtype: DTypeLike = None):
-        """Load a model saved by ``save_pretrained`` (also through a base class: it dispatches)."""
-        return from_pretrained(directory, device=device, expected=cls, dtype=dtype)
+                        dtype: DTypeLike = None, head: str | None = None):
+        """Load a sampan or Hugging Face model directory (also through a base class: it dispatches)."""
+        return from_pretrained(directory, device=device, expected=cls, dtype=dtype, head=head)
 
 
 def read_config(directory: str | os.PathLike) -> dict[str, Any]:
-    """The raw ``config.json`` of a saved model, with a clear error when it is missing."""
+    """The raw ``config.json`` of a saved model, with a clear error when it is missing or unreadable."""
     path = Path(directory) / CONFIG_NAME
     if not path.is_file():
         raise FileNotFoundError(
-            f"{path} not found: {directory} is not a sampan model directory "
-            "(expected config.json and model.safetensors written by save_pretrained)"
+            f"{path} not found: {directory} is not a model directory (expected config.json and "
+            "model.safetensors, written by save_pretrained or by Hugging Face transformers)"
         )
-    return json.loads(path.read_text(encoding="utf-8"))
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); the model directory is damaged") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a JSON object, got {type(data).__name__}")
+    return data
 
 
-def _saved_float_dtype(path: Path) -> torch.dtype | None:
-    """The dtype of the first floating tensor in a safetensors file (None if it has none)."""
-    if not path.is_file():
-        return None
-    with safe_open(str(path), framework="pt") as f:
-        for name in f.keys():
-            dtype = f.get_slice(name).get_dtype()
-            mapped = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32,
-                      "F64": torch.float64}.get(dtype)
-            if mapped is not None:
-                return mapped
-    return None
+def is_sampan_directory(config: dict[str, Any]) -> bool:
+    """Whether a ``config.json`` is sampan's (it names one ``architecture``; HF's lists ``architectures``)."""
+    return "architecture" in config
 
 
 def from_pretrained(directory: str | os.PathLike, device: str | torch.device | None = None,
-                    expected: type[torch.nn.Module] | None = None, dtype: DTypeLike = None) -> PretrainedModel:
-    """Build the model described by ``directory/config.json`` and load its safetensors weights.
+                    expected: type[torch.nn.Module] | None = None, dtype: DTypeLike = None,
+                    head: str | None = None) -> PretrainedModel:
+    """Build the model a directory describes and load its weights.
 
-    The model takes the dtype the weights were saved in unless ``dtype`` asks for another.
-    Loading is strict: a missing or unexpected tensor, or one of the wrong shape, is an error
-    that names it. Nothing is unpickled.
+    Opens sampan's directories and Hugging Face's (``model_type`` gpt2, llama, qwen2, qwen3,
+    bert, ernie): single or sharded safetensors, or a ``pytorch_model.bin`` read with
+    ``weights_only=True``. The model takes the dtype the weights were stored in unless ``dtype``
+    asks for another. ``head`` picks the head of an HF checkpoint (default: from its
+    ``architectures``); a sampan directory's head is fixed by what was saved. Loading is
+    strict: a missing or unexpected tensor, or one of the wrong shape, is an error that names it.
     """
     data = read_config(directory)
-    arch = data.pop("architecture", None)
-    if arch not in ARCHITECTURES:
-        raise ValueError(f"unknown architecture {arch!r} in {directory}/config.json; known: {sorted(ARCHITECTURES)}")
-    model_cls = ARCHITECTURES[arch]
-    if expected is not None and not issubclass(model_cls, expected):
-        raise TypeError(f"{directory} holds a {arch}, which is not a {expected.__name__}")
-    config = model_cls.config_class.from_dict(data)
-    weights = Path(directory) / WEIGHTS_NAME
-    target_dtype = to_dtype(dtype) or _saved_float_dtype(weights) or torch.get_default_dtype()
-    with torch.device("meta"):
-        model = model_cls(config)
-    model.to(dtype=target_dtype)
-    model.to_empty(device=device or "cpu")
-    model.tie_weights()
-    load_safetensors(model, weights)
+    if not is_sampan_directory(data):
+        from sampan.models.hf_checkpoint import load_hf_model
+
+        model = load_hf_model(directory, data, head=head, device=device, dtype=dtype)
+    else:
+        from sampan.models.registry import architecture_class, architecture_names
+
+        arch = data.pop("architecture")
+        # A family's classes load on first use; a user's own subclass registered itself on definition.
+        model_cls = ARCHITECTURES.get(arch) or (architecture_class(arch) if isinstance(arch, str) else None)
+        if model_cls is None:
+            known = sorted(set(ARCHITECTURES) | set(architecture_names()))
+            raise ValueError(f"unknown architecture {arch!r} in {directory}/config.json; known: {known}")
+        if head is not None and head != model_cls.head:
+            raise ValueError(f"{directory} holds a {arch} (head {model_cls.head!r}), not head {head!r}; a sampan "
+                             "directory loads with the head it was saved with")
+        config = model_cls.config_class.from_dict(data)
+        files = weight_files(directory)
+        model = build_empty(model_cls, config, device, to_dtype(dtype) or stored_float_dtype(files))
+        load_tensors(model, iter_tensors(files), str(directory))
+    if expected is not None and not isinstance(model, expected):
+        raise TypeError(f"{directory} holds a {type(model).__name__}, which is not a {expected.__name__}")
     return model.eval()
 
 
-def load_safetensors(model: torch.nn.Module, path: Path, partial: bool = False) -> set[str]:
-    """Copy every tensor of ``path`` into ``model``; tied aliases are re-tied, not loaded twice.
+def build_empty(model_cls: type[PretrainedModel], config: ModelConfig, device: str | torch.device | None,
+                dtype: torch.dtype | None) -> PretrainedModel:
+    """``model_cls(config)`` with uninitialised storage on ``device`` (built on meta: no init cost)."""
+    with torch.device("meta"):
+        model = model_cls(config)
+    model.to(dtype=dtype or torch.get_default_dtype())
+    model.to_empty(device=device or "cpu")
+    model.tie_weights()
+    return model
 
-    The file must hold exactly the model's tensors, or with ``partial=True`` a subset of them (a
-    delta such as a fine-tune's ``adapter.safetensors``). Returns the names loaded.
+
+def load_tensors(model: torch.nn.Module, tensors, source: str, partial: bool = False,
+                 unknown: list[str] | None = None) -> set[str]:
+    """Copy ``(name, tensor)`` pairs into ``model``; returns the names loaded.
+
+    Every tensor of the model must come, unless ``partial`` (a delta such as a fine-tune's
+    adapter file); one given twice must be equal both times. A tied alias (an MLM decoder or
+    LM head that shares the embedding) is not loaded twice: when the source holds it too, it
+    must equal the weight it is tied to. ``unknown`` collects source names the caller could not
+    map while ``tensors`` ran; they are reported with the rest. Errors name the tensors and
+    ``source``.
     """
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found (save_pretrained writes model.safetensors)")
-    tied = model.tied_weights() if hasattr(model, "tied_weights") else set()
+    tied = model.tied_weights() if hasattr(model, "tied_weights") else {}
     expected = {k: v for k, v in model.state_dict().items() if k not in tied}
-    with safe_open(str(path), framework="pt") as f:
-        names = set(f.keys())
-        missing, unexpected = sorted(set(expected) - names), sorted(names - set(expected))
+    loaded: set[str] = set()
+    aliases: dict[str, torch.Tensor] = {}
+    unexpected: list[str] = []
+    with torch.no_grad():
+        for name, tensor in tensors:
+            if name in tied:
+                aliases[name] = tensor
+                continue
+            if name not in expected:
+                unexpected.append(name)
+                continue
+            if name in loaded:
+                if not torch.equal(tensor.to(expected[name].dtype), expected[name]):
+                    raise ValueError(f"{source}: tensor {name} is given twice, with different values")
+                continue
+            if tensor.shape != expected[name].shape:
+                raise ValueError(f"{source}: {name} has shape {tuple(tensor.shape)}, "
+                                 f"the model expects {tuple(expected[name].shape)}")
+            expected[name].copy_(tensor)
+            loaded.add(name)
+        unexpected += unknown or []
+        missing = sorted(set(expected) - loaded)
         if (missing and not partial) or unexpected:
-            raise ValueError(f"{path} does not match the model: missing {missing[:10]}, unexpected {unexpected[:10]}")
-        with torch.no_grad():
-            for name in sorted(names):
-                tensor = f.get_tensor(name)
-                if tensor.shape != expected[name].shape:
-                    raise ValueError(f"{path}: {name} has shape {tuple(tensor.shape)}, "
-                                     f"the model expects {tuple(expected[name].shape)}")
-                expected[name].copy_(tensor)
-    return names
+            raise ValueError(f"{source} does not match the model ({type(model).__name__}): "
+                             f"missing {missing[:10]}{' ...' if len(missing) > 10 else ''}, "
+                             f"unexpected {sorted(unexpected)[:10]}{' ...' if len(unexpected) > 10 else ''}")
+        for alias, tensor in aliases.items():
+            target = expected[tied[alias]]
+            if tensor.shape != target.shape or not torch.equal(tensor.to(target.dtype), target):
+                raise ValueError(f"{source}: {alias} differs from {tied[alias]}, which this model ties it to; a "
+                                 "checkpoint with an untied output layer needs a config with tie_word_embeddings=False")
+    return loaded
+
+
+def load_safetensors(model: torch.nn.Module, path: Path, partial: bool = False) -> set[str]:
+    """Copy every tensor of one safetensors file into ``model`` (see :func:`load_tensors`)."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{path} not found (save_pretrained writes model.safetensors)")
+    return load_tensors(model, iter_tensors([Path(path)]), str(path), partial=partial)

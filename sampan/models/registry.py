@@ -1,36 +1,90 @@
-"""Named model configs, from tiny test models to GPT-3 175B, and ``create``."""
+"""The model families, their named configs (from tiny test models to Llama 3 405B), and ``create``.
+
+Importing this module imports no torch: the families' specs and configs are torch-free, so
+``sampan plan --model qwen2.5-72b`` and ``sampan models`` answer without paying for it. Only
+``create`` (which builds a model) imports torch.
+"""
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any
-
-import torch
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from sampan.models.config_base import ModelConfig
-from sampan.models.ernie.config import ErnieConfig
-from sampan.models.ernie.modeling import (
-    ErnieForMaskedLM,
-    ErnieForSequenceClassification,
-    ErnieForTokenClassification,
-    ErnieModel,
+from sampan.models.spec import ModelSpec
+from sampan.utils.names import did_you_mean
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from sampan.tensor import DTypeLike
+
+# One line per family: adding a family is its folder plus a line here.
+FAMILY_PACKAGES = (
+    "sampan.models.gpt",
+    "sampan.models.ernie",
+    "sampan.models.llama",
 )
-from sampan.models.gpt.config import GPTConfig
-from sampan.models.gpt.modeling import GPTForCausalLM, GPTModel
-from sampan.models.pretrained import PretrainedModel
-from sampan.tensor import DTypeLike, to_dtype
 
-# (family, head) -> model class. Each family's first head in its config's HEADS is the default.
-MODEL_CLASSES: dict[tuple[str, str], type[PretrainedModel]] = {
-    ("gpt", "causal_lm"): GPTForCausalLM,
-    ("gpt", "none"): GPTModel,
-    ("ernie", "masked_lm"): ErnieForMaskedLM,
-    ("ernie", "none"): ErnieModel,
-    ("ernie", "sequence_classification"): ErnieForSequenceClassification,
-    ("ernie", "token_classification"): ErnieForTokenClassification,
-}
-
+FAMILIES: dict[str, ModelSpec] = {}
 _CONFIGS: dict[str, ModelConfig] = {}
+
+
+def _load_families() -> None:
+    for package in FAMILY_PACKAGES:
+        spec: ModelSpec = importlib.import_module(package).SPEC
+        if spec.family in FAMILIES:
+            raise ValueError(f"two families are called {spec.family!r} ({package})")
+        FAMILIES[spec.family] = spec
+        for name, config in spec.configs.items():
+            register_config(name, config)
+
+
+def get_spec(family: str) -> ModelSpec:
+    """The spec of a family by name ("gpt", "ernie", "llama")."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown model family {family!r}; {did_you_mean(family, FAMILIES)}"
+                         f"families: {sorted(FAMILIES)}")
+    return FAMILIES[family]
+
+
+def spec_of(model_or_config: Any) -> ModelSpec | None:
+    """The spec of a sampan model (or config), or None for a model sampan doesn't know.
+
+    Decided by the config's family name and class, never by the model's class, so a subclass or
+    a wrapped copy of a family's model is still recognised.
+    """
+    config = model_or_config if isinstance(model_or_config, ModelConfig) else getattr(model_or_config, "config", None)
+    if not isinstance(config, ModelConfig):
+        return None
+    spec = FAMILIES.get(config.model_type)
+    return spec if spec is not None and isinstance(config, spec.config_class) else None
+
+
+def spec_for_hf_model_type(model_type: str) -> ModelSpec:
+    """The family that reads Hugging Face checkpoints of ``model_type`` ("qwen2", "bert", ...)."""
+    for spec in FAMILIES.values():
+        if model_type in spec.hf_model_types:
+            return spec
+    known = sorted(t for s in FAMILIES.values() for t in s.hf_model_types)
+    raise ValueError(f"Hugging Face model_type {model_type!r} is not supported; "
+                     f"{did_you_mean(model_type, known)}sampan reads: {', '.join(known)}")
+
+
+def architecture_class(name: str) -> type | None:
+    """The model class a sampan directory's ``architecture`` names (``"LlamaForCausalLM"``), found
+    through the families' specs (importing that family's modeling), or None."""
+    for spec in FAMILIES.values():
+        for head, path in spec.heads.items():
+            if path.rpartition(":")[2] == name:
+                return spec.model_class(head)
+    return None
+
+
+def architecture_names() -> list[str]:
+    """Every architecture name the families' heads give."""
+    return sorted(path.rpartition(":")[2] for spec in FAMILIES.values() for path in spec.heads.values())
 
 
 def register_config(name: str, config: ModelConfig, overwrite: bool = False) -> None:
@@ -48,27 +102,35 @@ def list_models() -> list[str]:
 def get_config(name: str, **overrides: Any) -> ModelConfig:
     """A fresh copy of the config registered as ``name``, with ``overrides`` applied and validated."""
     if name not in _CONFIGS:
-        raise ValueError(f"unknown model name {name!r}; known names: {', '.join(list_models())}")
+        raise ValueError(f"unknown model name {name!r}; {did_you_mean(name, _CONFIGS)}"
+                         f"known names: {', '.join(list_models())}")
     return _CONFIGS[name].replace(**overrides)
 
 
 def create(name_or_config: str | ModelConfig, device: str | torch.device | None = None,
-           dtype: DTypeLike = None, head: str | None = None, **overrides: Any) -> PretrainedModel:
+           dtype: DTypeLike = None, head: str | None = None, **overrides: Any):
     """Build a model from a registered name or a config.
 
-    ``head`` picks the task head (GPT: "causal_lm" default, "none"; ERNIE: "masked_lm" default,
-    "none", "sequence_classification", "token_classification"). ``device="meta"`` builds the
-    structure without allocating memory, so even ``gpt-175b`` takes seconds. ``overrides`` change
-    config fields (``create("gpt-tiny", vocab_size=5000)``).
+    ``head`` picks the task head (the family's first by default: GPT and Llama "causal_lm", ERNIE
+    "masked_lm"; ``sampan models`` lists them). ``device="meta"`` builds the structure without
+    allocating memory, so even ``llama3-405b`` takes seconds. ``overrides`` change config fields
+    (``create("gpt-tiny", vocab_size=5000)``).
     """
+    import torch
+
+    from sampan.tensor import to_dtype
+
     if isinstance(name_or_config, str):
         config = get_config(name_or_config, **overrides)
     elif isinstance(name_or_config, ModelConfig):
         config = name_or_config.replace(**overrides) if overrides else name_or_config
     else:
         raise TypeError(f"create() takes a model name or a ModelConfig, got {type(name_or_config).__name__}")
-    head = config._check_head(head)
-    model_cls = MODEL_CLASSES[(config.model_type, head)]
+    spec = spec_of(config)
+    if spec is None:
+        raise ValueError(f"{type(config).__name__} (model_type {config.model_type!r}) belongs to no registered family; "
+                         f"families: {sorted(FAMILIES)}")
+    model_cls = spec.model_class(config._check_head(head))
     dtype = to_dtype(dtype)
     device_ctx = torch.device(device) if device is not None else contextlib.nullcontext()
     previous = torch.get_default_dtype()
@@ -82,18 +144,4 @@ def create(name_or_config: str | ModelConfig, device: str | torch.device | None 
     return model
 
 
-# --- the zoo ---------------------------------------------------------------------------------
-# ERNIE shapes follow BERT-Chinese (vocab 21128); ernie-tiny is sized for CPU training.
-register_config("ernie-tiny", ErnieConfig(hidden_size=256, num_layers=4, num_heads=4))
-register_config("ernie-base", ErnieConfig())
-register_config("ernie-large", ErnieConfig(hidden_size=1024, num_layers=24, num_heads=16))
-# GPT shapes follow GPT-2 (small) and GPT-3 (Brown et al. 2020, table 2.1; 1.3B with 16 heads as in
-# Megatron); gpt-100b is a 100B-class shape (80 layers x 10240) between 13B and 175B.
-register_config("gpt-tiny", GPTConfig(vocab_size=8192, hidden_size=128, num_layers=4, num_heads=4,
-                                      max_position_embeddings=256))
-register_config("gpt-small", GPTConfig())
-register_config("gpt-medium", GPTConfig(hidden_size=1024, num_layers=24, num_heads=16))
-register_config("gpt-1.3b", GPTConfig(hidden_size=2048, num_layers=24, num_heads=16, max_position_embeddings=2048))
-register_config("gpt-13b", GPTConfig(hidden_size=5120, num_layers=40, num_heads=40, max_position_embeddings=2048))
-register_config("gpt-100b", GPTConfig(hidden_size=10240, num_layers=80, num_heads=80, max_position_embeddings=2048))
-register_config("gpt-175b", GPTConfig(hidden_size=12288, num_layers=96, num_heads=96, max_position_embeddings=2048))
+_load_families()

@@ -47,6 +47,19 @@ def build_attention_mask(
     return mask, False
 
 
+def default_position_ids(attention_mask: torch.Tensor | None, seq_len: int, past: int,
+                         device: torch.device) -> torch.Tensor:
+    """Positions of the ``seq_len`` new tokens after ``past`` cached ones.
+
+    With ``attention_mask [b, past + seq_len]`` (1 = real token) positions count each row's real
+    tokens, so a left-padded prompt starts at 0 on its first real token; without it they run
+    ``past .. past + seq_len - 1``.
+    """
+    if attention_mask is not None:
+        return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -seq_len:]
+    return torch.arange(past, past + seq_len, device=device)[None]
+
+
 class MultiHeadAttention(Layer):
     """Self-attention with separate q/k/v projections (so tensor parallelism can split heads).
 

@@ -1,4 +1,4 @@
-"""Token embeddings: words + positions (+ token types) (+ pinyin / radical / stroke features)."""
+"""Token embeddings: words + positions (+ token types) (+ task types) (+ pinyin / radical / stroke features)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ FEATURES = ("pinyin", "radical", "stroke")
 
 
 class TransformerEmbeddings(Layer):
-    """Sum of word, learned absolute position, token-type and optional character-feature embeddings.
+    """Sum of word, learned absolute position, token-type, task-type and optional character-feature
+    embeddings.
 
-    A feature whose vocabulary size is 0 is absent (no parameters). Chinese feature ids
+    A feature whose vocabulary size is 0 is absent (no parameters). Task types are ERNIE 3.0's
+    (``task_type_ids``; row 0 when none are given, as in its checkpoints). Chinese feature ids
     (pinyin, radical, stroke count per character) come from ``sampan.text`` at data-build time.
     """
 
@@ -28,6 +30,7 @@ class TransformerEmbeddings(Layer):
         radical_vocab_size: int = 0,
         stroke_vocab_size: int = 0,
         layer_norm_eps: float | None = None,
+        task_type_vocab_size: int = 0,
         dropout: float = 0.0,
         padding_idx: int | None = None,
     ):
@@ -36,6 +39,7 @@ class TransformerEmbeddings(Layer):
         self.word_embeddings = nn.Embedding(vocab_size, hidden_size, padding_idx=padding_idx)
         self.position_embeddings = nn.Embedding(max_position_embeddings, hidden_size)
         self.token_type_embeddings = nn.Embedding(type_vocab_size, hidden_size) if type_vocab_size else None
+        self.task_type_embeddings = nn.Embedding(task_type_vocab_size, hidden_size) if task_type_vocab_size else None
         sizes = {"pinyin": pinyin_vocab_size, "radical": radical_vocab_size, "stroke": stroke_vocab_size}
         self.feature_embeddings = nn.ModuleDict(
             {name: nn.Embedding(size, hidden_size) for name, size in sizes.items() if size}
@@ -49,6 +53,7 @@ class TransformerEmbeddings(Layer):
         token_type_ids: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         features: dict[str, torch.Tensor] | None = None,
+        task_type_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         seq_len = input_ids.shape[1]
         if position_ids is None:
@@ -63,6 +68,13 @@ class TransformerEmbeddings(Layer):
             if token_type_ids is None:
                 token_type_ids = torch.zeros_like(input_ids)
             x = x + self.token_type_embeddings(token_type_ids)
+        if self.task_type_embeddings is not None:
+            if task_type_ids is None:
+                task_type_ids = torch.zeros_like(input_ids)
+            x = x + self.task_type_embeddings(task_type_ids)
+        elif task_type_ids is not None:
+            raise ValueError("task_type_ids were passed but the model has no task-type embeddings "
+                             "(config task_type_vocab_size = 0)")
         features = features or {}
         unknown = set(features) - set(FEATURES)
         if unknown:

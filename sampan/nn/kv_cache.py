@@ -28,6 +28,13 @@ class KVCache:
         """How many positions layer ``layer_idx`` has cached."""
         return self._lengths[layer_idx]
 
+    def get(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Layer ``layer_idx``'s cached keys and values ``[b, kv_heads, seq, d]``, or None before any."""
+        if self._keys[layer_idx] is None:
+            return None
+        end = self._lengths[layer_idx]
+        return self._keys[layer_idx][:, :, :end], self._values[layer_idx][:, :, :end]
+
     def update(self, layer_idx: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append ``key``/``value`` (``[b, h, new, d]``) and return all cached keys and values."""
         start = self._lengths[layer_idx]

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sampan.nn.layer import Layer
+from sampan.utils.activations import ACTIVATION_NAMES, check_activation
 
 ACTIVATIONS = {
     "gelu": F.gelu,
@@ -14,11 +15,9 @@ ACTIVATIONS = {
     "relu": F.relu,
     "silu": F.silu,
 }
+assert tuple(ACTIVATIONS) == ACTIVATION_NAMES, "sampan.utils.activations names every activation here"
 
-
-def check_activation(name: str) -> None:
-    if name not in ACTIVATIONS:
-        raise ValueError(f"unknown activation {name!r}; allowed: {sorted(ACTIVATIONS)}")
+__all__ = ["ACTIVATIONS", "FeedForward", "check_activation"]
 
 
 class FeedForward(Layer):

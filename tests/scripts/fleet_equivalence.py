@@ -1,4 +1,5 @@
-"""Train a tiny GPT or ERNIE for a few AdamW steps under a fleet strategy; rank 0 writes the losses.
+"""Train a tiny GPT, ERNIE or Llama-family model for a few AdamW steps under a fleet strategy; rank 0
+writes the losses.
 
     torchrun --nproc_per_node N tests/scripts/fleet_equivalence.py OUT.json --family gpt --dp 2 --mp 1
     python tests/scripts/fleet_equivalence.py OUT.json --family gpt         # one process, no fleet
@@ -65,6 +66,11 @@ def make_model(family: str):
     if family == "gpt":
         return create("gpt-tiny", vocab_size=64, hidden_size=32, num_layers=4, num_heads=4,
                       max_position_embeddings=16)
+    if family == "llama":
+        # Qwen2.5-0.5B's layout at test size (GQA, q / k / v bias, tied head), plus Qwen3's q / k
+        # norm, so one model puts every Llama-family feature under each split.
+        return create("qwen2-tiny", vocab_size=64, hidden_size=32, num_layers=4, num_heads=4, num_kv_heads=2,
+                      intermediate_size=64, max_position_embeddings=16, qk_norm=True)
     return create("ernie-tiny", vocab_size=64, hidden_size=32, num_layers=4, num_heads=4, intermediate_size=64,
                   max_position_embeddings=16, dropout=0.0, attention_dropout=0.0)
 
@@ -73,7 +79,7 @@ def batches(family: str, global_batch: int = 8, seq: int = 16):
     gen = torch.Generator().manual_seed(1)
     for _ in range(STEPS):
         ids = torch.randint(1, 64, (global_batch, seq), generator=gen)
-        if family == "gpt":
+        if family in ("gpt", "llama"):
             yield {"input_ids": ids, "labels": ids}
         elif family == "custom":  # tag each token with its successor's id (a token-level loss)
             yield {"input_ids": ids, "labels": torch.roll(ids, -1, dims=1)}
@@ -87,7 +93,7 @@ def batches(family: str, global_batch: int = 8, seq: int = 16):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
-    parser.add_argument("--family", choices=["gpt", "ernie", "custom"], default="gpt")
+    parser.add_argument("--family", choices=["gpt", "ernie", "llama", "custom"], default="gpt")
     for axis in ("dp", "mp", "pp", "sharding"):
         parser.add_argument(f"--{axis}", type=int, default=1)
     parser.add_argument("--stage", type=int, default=1)

@@ -6,7 +6,7 @@ import dataclasses
 from typing import ClassVar
 
 from sampan.models.config_base import ModelConfig
-from sampan.nn.mlp import check_activation
+from sampan.utils.activations import check_activation
 
 
 @dataclasses.dataclass
@@ -21,6 +21,7 @@ class ErnieConfig(ModelConfig):
         intermediate_size: feed-forward width; 0 means ``4 * hidden_size``.
         max_position_embeddings: longest input sequence.
         type_vocab_size: number of segment (token type) ids; 0 disables them.
+        task_type_vocab_size: number of ERNIE 3.0 task-type ids (3 in its checkpoints); 0 disables them.
         pinyin_vocab_size / radical_vocab_size / stroke_vocab_size: sizes of the optional
             per-character pinyin, radical and stroke-count embeddings; 0 disables each.
         dropout: dropout on embeddings and residual branches.
@@ -50,6 +51,7 @@ class ErnieConfig(ModelConfig):
     intermediate_size: int = 0
     max_position_embeddings: int = 512
     type_vocab_size: int = 2
+    task_type_vocab_size: int = 0
     pinyin_vocab_size: int = 0
     radical_vocab_size: int = 0
     stroke_vocab_size: int = 0
@@ -70,7 +72,7 @@ class ErnieConfig(ModelConfig):
     def __post_init__(self) -> None:
         self._positive("vocab_size", "hidden_size", "num_layers", "num_heads", "max_position_embeddings",
                        "num_labels")
-        self._non_negative("intermediate_size", "type_vocab_size", "pinyin_vocab_size",
+        self._non_negative("intermediate_size", "type_vocab_size", "task_type_vocab_size", "pinyin_vocab_size",
                            "radical_vocab_size", "stroke_vocab_size")
         self._divisible("hidden_size", "num_heads")
         self._probability("dropout", "attention_dropout")
@@ -85,10 +87,21 @@ class ErnieConfig(ModelConfig):
         self._positive_float("initializer_range", allow_zero=True)
         self._token_id("pad_token_id")
 
+    @property
+    def num_kv_heads(self) -> int:
+        """Key / value heads: as many as query heads (multi-head attention)."""
+        return self.num_heads
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head."""
+        return self.hidden_size // self.num_heads
+
     def _encoder_parameters(self) -> int:
         h, f = self.hidden_size, self.intermediate_size
         embedding_rows = (self.vocab_size + self.max_position_embeddings + self.type_vocab_size
-                          + self.pinyin_vocab_size + self.radical_vocab_size + self.stroke_vocab_size)
+                          + self.task_type_vocab_size + self.pinyin_vocab_size + self.radical_vocab_size
+                          + self.stroke_vocab_size)
         layer = 4 * (h * h + h) + (h * f + f + f * h + h) + 2 * 2 * h
         final_norm = 2 * h if self.pre_norm else 0
         return embedding_rows * h + 2 * h + self.num_layers * layer + final_norm
@@ -125,6 +138,15 @@ class ErnieConfig(ModelConfig):
             raise ValueError(f"seq_len must be > 0, got {seq_len}")
         h, L = self.hidden_size, self.num_layers
         embedding_rows = (self.vocab_size + self.max_position_embeddings + self.type_vocab_size
-                          + self.pinyin_vocab_size + self.radical_vocab_size + self.stroke_vocab_size)
+                          + self.task_type_vocab_size + self.pinyin_vocab_size + self.radical_vocab_size
+                          + self.stroke_vocab_size)
         n = self.num_parameters("masked_lm") - embedding_rows * h + self.vocab_size * h
         return 6 * n + 12 * L * h * seq_len
+
+
+# ERNIE shapes follow BERT-Chinese (vocab 21128); ernie-tiny is sized for CPU training.
+CONFIGS = {
+    "ernie-tiny": ErnieConfig(hidden_size=256, num_layers=4, num_heads=4),
+    "ernie-base": ErnieConfig(),
+    "ernie-large": ErnieConfig(hidden_size=1024, num_layers=24, num_heads=16),
+}

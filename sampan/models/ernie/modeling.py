@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from sampan.models.ernie.config import ErnieConfig
-from sampan.models.init import init_transformer_weights, token_cross_entropy
+from sampan.models.init import init_transformer_weights
+from sampan.models.losses import labelled_count, token_cross_entropy
 from sampan.models.pretrained import PretrainedModel
 from sampan.nn import Layer, TransformerBlock, TransformerEmbeddings, build_attention_mask
 from sampan.nn.mlp import ACTIVATIONS
@@ -51,6 +52,7 @@ class ErnieModel(Layer, PretrainedModel):
             type_vocab_size=config.type_vocab_size, pinyin_vocab_size=config.pinyin_vocab_size,
             radical_vocab_size=config.radical_vocab_size, stroke_vocab_size=config.stroke_vocab_size,
             layer_norm_eps=config.layer_norm_eps, dropout=config.dropout, padding_idx=config.pad_token_id,
+            task_type_vocab_size=config.task_type_vocab_size,
         )
         self.layers = nn.ModuleList(
             TransformerBlock(
@@ -74,16 +76,18 @@ class ErnieModel(Layer, PretrainedModel):
         pinyin_ids: torch.Tensor | None = None,
         radical_ids: torch.Tensor | None = None,
         stroke_ids: torch.Tensor | None = None,
+        task_type_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Encode ``input_ids [b, s]``.
 
         ``attention_mask [b, s]`` is 1 for real tokens and 0 for padding; when omitted, positions
-        holding ``config.pad_token_id`` are masked (as in Paddle's ERNIE).
+        holding ``config.pad_token_id`` are masked (as in Paddle's ERNIE). ``task_type_ids`` are
+        ERNIE 3.0's task types (zeros when omitted).
         """
         attention_mask = real_tokens(input_ids, attention_mask, self.config.pad_token_id)
         features = {name: ids for name, ids in
                     (("pinyin", pinyin_ids), ("radical", radical_ids), ("stroke", stroke_ids)) if ids is not None}
-        x = self.embeddings(input_ids, token_type_ids, position_ids, features)
+        x = self.embeddings(input_ids, token_type_ids, position_ids, features, task_type_ids)
         mask, _ = build_attention_mask(attention_mask, x.shape[1], x.shape[1], causal=False)
         for layer in self.layers:
             x = layer(x, mask)
@@ -141,11 +145,7 @@ class ErnieForMaskedLM(Layer, PretrainedModel):
         selected = labels != -100
         return token_cross_entropy(self.lm_head(hidden[selected]), labels[selected])
 
-
-    @staticmethod
-    def loss_token_count(labels: torch.Tensor) -> torch.Tensor:
-        """How many terms the loss averages (labelled positions; -100 is ignored)."""
-        return (labels != -100).sum()
+    loss_token_count = staticmethod(labelled_count)
 
 
 class ErnieForSequenceClassification(Layer, PretrainedModel):
@@ -205,8 +205,4 @@ class ErnieForTokenClassification(Layer, PretrainedModel):
         logits = self.classifier(self.dropout(hidden))
         return logits if labels is None else token_cross_entropy(logits, labels)
 
-
-    @staticmethod
-    def loss_token_count(labels: torch.Tensor) -> torch.Tensor:
-        """How many terms the loss averages (labelled positions; -100 is ignored)."""
-        return (labels != -100).sum()
+    loss_token_count = staticmethod(labelled_count)

@@ -6,7 +6,7 @@ import dataclasses
 from typing import ClassVar
 
 from sampan.models.config_base import ModelConfig
-from sampan.nn.mlp import check_activation
+from sampan.utils.activations import check_activation
 
 
 @dataclasses.dataclass
@@ -61,6 +61,16 @@ class GPTConfig(ModelConfig):
         self._positive_float("initializer_range", allow_zero=True)
         self._token_id("bos_token_id", "eos_token_id", "pad_token_id")
 
+    @property
+    def num_kv_heads(self) -> int:
+        """Key / value heads: as many as query heads (multi-head attention)."""
+        return self.num_heads
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head."""
+        return self.hidden_size // self.num_heads
+
     def num_parameters(self, head: str | None = None) -> int:
         """Exact parameter count of the model ``create`` builds for ``head`` (default "causal_lm")."""
         head = self._check_head(head)
@@ -88,3 +98,16 @@ class GPTConfig(ModelConfig):
         h, L, V = self.hidden_size, self.num_layers, self.vocab_size
         n = self.num_parameters("none") - V * h - self.max_position_embeddings * h + V * h
         return 6 * n + 12 * L * h * seq_len
+
+
+# GPT shapes follow GPT-2 (small) and GPT-3 (Brown et al. 2020, table 2.1; 1.3B with 16 heads as in
+# Megatron); gpt-100b is a 100B-class shape (80 layers x 10240) between 13B and 175B.
+CONFIGS = {
+    "gpt-tiny": GPTConfig(vocab_size=8192, hidden_size=128, num_layers=4, num_heads=4, max_position_embeddings=256),
+    "gpt-small": GPTConfig(),
+    "gpt-medium": GPTConfig(hidden_size=1024, num_layers=24, num_heads=16),
+    "gpt-1.3b": GPTConfig(hidden_size=2048, num_layers=24, num_heads=16, max_position_embeddings=2048),
+    "gpt-13b": GPTConfig(hidden_size=5120, num_layers=40, num_heads=40, max_position_embeddings=2048),
+    "gpt-100b": GPTConfig(hidden_size=10240, num_layers=80, num_heads=80, max_position_embeddings=2048),
+    "gpt-175b": GPTConfig(hidden_size=12288, num_layers=96, num_heads=96, max_position_embeddings=2048),
+}

@@ -11,9 +11,11 @@ from torch import nn
 
 from sampan.models.generation import GenerationMixin
 from sampan.models.gpt.config import GPTConfig
-from sampan.models.init import init_transformer_weights, token_cross_entropy
+from sampan.models.init import init_transformer_weights
+from sampan.models.losses import next_token_count, next_token_loss
 from sampan.models.pretrained import PretrainedModel
 from sampan.nn import KVCache, Layer, TransformerBlock, TransformerEmbeddings, build_attention_mask
+from sampan.nn.attention import default_position_ids
 
 
 class GPTModel(Layer, PretrainedModel):
@@ -55,10 +57,7 @@ class GPTModel(Layer, PretrainedModel):
         seq_len = input_ids.shape[1]
         past = kv_cache.seq_len() if kv_cache is not None else 0
         if position_ids is None:
-            if attention_mask is not None:
-                position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -seq_len:]
-            else:
-                position_ids = torch.arange(past, past + seq_len, device=input_ids.device)[None]
+            position_ids = default_position_ids(attention_mask, seq_len, past, input_ids.device)
         if past + seq_len > self.config.max_position_embeddings:
             raise ValueError(
                 f"sequence length {past + seq_len} exceeds max_position_embeddings "
@@ -107,16 +106,8 @@ class GPTForCausalLM(Layer, PretrainedModel, GenerationMixin):
         hidden = self.gpt(input_ids, attention_mask, position_ids, kv_cache)
         if labels is None:
             return self.lm_head(hidden)
-        if labels.shape != input_ids.shape:
-            raise ValueError(f"labels shape {tuple(labels.shape)} must equal input_ids shape {tuple(input_ids.shape)}")
-        logits = self.lm_head(hidden[:, :-1])
-        return token_cross_entropy(logits, labels[:, 1:])
+        return next_token_loss(self.lm_head, hidden, labels, input_ids)
 
-    @staticmethod
-    def loss_token_count(labels: torch.Tensor) -> torch.Tensor:
-        """How many terms the loss averages for these labels (the shifted, non-ignored ones).
-
-        Data-parallel and accumulated steps weight each part's mean loss by this, so the result
-        is the mean over all tokens of the global batch, as one process would compute it.
-        """
-        return (labels[:, 1:] != -100).sum()
+    # How many terms the loss averages: data-parallel and accumulated steps weight each part's mean
+    # loss by it, so the result is the mean over all tokens of the global batch.
+    loss_token_count = staticmethod(next_token_count)
