@@ -11,7 +11,18 @@ import torch
 
 from sampan.cli import main
 from sampan.distributed.strategy import DistributedStrategy
-from sampan.planner import Layout, ModelShape, Workload, evaluate, get_hardware, layouts, load_model, search
+from sampan.models.registry import get_config
+from sampan.planner import (
+    Layout,
+    ModelShape,
+    Workload,
+    evaluate,
+    get_hardware,
+    layouts,
+    load_model,
+    search,
+    shape_from_config,
+)
 from sampan.planner.memory import head_activation_bytes, layer_activation_bytes, memory, stage_params
 from sampan.planner.time import step_time
 
@@ -71,6 +82,123 @@ def test_activation_bytes_match_a_fresh_measurement(mode):
     assert predicted == pytest.approx(sum(saved.values()), rel=0.05)
 
 
+def _saved_bytes(model, ids, amp: bool) -> int:
+    """Bytes of the non-parameter storages a forward saves for backward (autocast's bf16 weight
+    copies left out: the planner counts them as buffers)."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    weight_shapes = {tuple(p.shape) for p in model.parameters()} | {tuple(p.shape)[::-1] for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params and not (t.dtype == torch.bfloat16 and tuple(t.shape) in weight_shapes):
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            model(input_ids=ids, labels=ids)
+    return sum(saved.values())
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("mode", ["none", "full"])
+@pytest.mark.parametrize("name", ["llama-tiny", "qwen3-tiny"])
+def test_llama_activation_bytes_match_a_fresh_measurement(name, mode, amp):
+    """GQA (k, v of 2 heads, q of 4), SwiGLU, RMSNorm and (Qwen3) q/k norms, as sampan's eager model
+    keeps them, in fp32 and under CPU bf16 autocast (whose per-projection casts the formula counts)."""
+    from sampan.models import create
+    from sampan.trainer.recompute import apply_recompute
+
+    torch.manual_seed(0)
+    b, s = 3, 40  # 120 tokens: no activation has a weight's shape
+    model = create(name)
+    apply_recompute(model, mode)
+    measured = _saved_bytes(model, torch.randint(0, model.config.vocab_size, (b, s)), amp)
+    shape = load_model(name)
+    layout, work = Layout(micro_batch=b, recompute=mode), Workload(s, b, "bf16" if amp else None)
+    predicted = shape.layers * layer_activation_bytes(shape, layout, work, mode) + head_activation_bytes(shape, layout,
+                                                                                                         work)
+    assert predicted == pytest.approx(measured, rel=0.03)
+
+
+def _rank_params(model, mp: int, pp: int, stage: int) -> float:
+    """Parameters of one tensor-parallel rank of pipeline ``stage``, read off the real module tree and
+    the Llama family's tensor-parallel plan (column-parallel: weight and bias split; row-parallel:
+    weight split, bias whole; vocab: split; the rest whole)."""
+    import fnmatch
+
+    from sampan.models.llama.parallelize import TP_PLAN
+
+    layers = model.config.num_layers
+    per_stage = -(-layers // pp)
+    total = 0.0
+    seen = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if name == "lm_head.weight" and model.config.tie_word_embeddings and pp == 1:
+            continue  # one tensor with the embedding on a single stage
+        module, _, kind = name.rpartition(".")
+        if module.startswith("model.layers."):
+            where = int(module.split(".")[2]) // per_stage
+        else:
+            where = 0 if module == "model.embed_tokens" else pp - 1
+        if where != stage or (name, where) in seen:
+            continue
+        seen.add((name, where))
+        styles = [style for pattern, style in TP_PLAN.items() if fnmatch.fnmatchcase(module, pattern)]
+        style = next((st for st in styles if st != "shared_input"), "replicated")
+        split = style in ("colwise", "vocab") or (style == "rowwise" and kind == "weight")
+        total += param.numel() / mp if split else param.numel()
+    return total
+
+
+@pytest.mark.parametrize("name, overrides", [
+    ("llama-tiny", {}),
+    ("qwen2-tiny", {}),                                                    # q/k/v biases, tied head
+    ("qwen3-tiny", {}),                                                    # q/k norms, H d = 128 != h = 64
+    ("llama-tiny", {"qkv_bias": True, "out_bias": True, "mlp_bias": True}),  # row-parallel biases replicated
+])
+def test_llama_stage_params_per_rank_match_the_tensor_parallel_plan(name, overrides):
+    from sampan.models import create
+
+    config = get_config(name, **overrides)
+    shape = shape_from_config(name, config)
+    model = create(config, device="meta")
+    for mp, pp in ((1, 1), (2, 1), (2, 2), (1, 2)):
+        layout = Layout(mp=mp, pp=pp, num_micro=pp)
+        for stage in range(pp):
+            assert stage_params(shape, layout, stage) == _rank_params(model, mp, pp, stage), (mp, pp, stage)
+
+
+def test_llama_tiny_params_per_rank_by_hand():
+    """llama-tiny at mp=2: h 64, 4 heads / 2 KV heads of 16, SwiGLU 176, vocab 512, untied, 2 layers."""
+    shape = load_model("llama-tiny")
+    h, q, kv, f, V = 64, 4 * 16, 2 * 16, 176, 512
+    split = h * q + 2 * h * kv + q * h + 3 * h * f   # q, k, v, o and gate / up / down: 46,080
+    per_layer = split / 2 + 2 * h                    # the two RMSNorm weights stay whole on each rank
+    assert per_layer == 23_168
+    assert stage_params(shape, Layout(mp=2), 0) == 2 * per_layer + V * h / 2 + h + V * h / 2 == 79_168
+    assert shape.layer_params_per_mp(1) == shape.layer_params == split + 2 * h
+
+
+def test_gqa_keeps_less_than_multi_head_attention():
+    """Llama 3 8B (8 KV heads) against the same model with 32: k and v shrink, q and the rest do not."""
+    gqa = load_model("llama3-8b")
+    mha = shape_from_config("llama3-8b-mha", get_config("llama3-8b", num_kv_heads=32))
+    assert mha.kv_heads == 32 and gqa.kv_heads == 8
+    d, s, b, t = 128, 4096, 2, 2
+    work, layout = Workload(s, 16), Layout(dp=1, mp=t, pp=1, micro_batch=b, num_micro=8)
+    for mode in ("none", "selective"):
+        saved = layer_activation_bytes(mha, layout, work, mode) - layer_activation_bytes(gqa, layout, work, mode)
+        assert saved == 2 * 2 * s * b * (32 - 8) * d / t  # k and v, bf16, on one of t ranks
+    assert layer_activation_bytes(mha, layout, work, "full") == layer_activation_bytes(gqa, layout, work, "full")
+    assert mha.layer_params - gqa.layer_params == 2 * 4096 * (32 - 8) * d
+    m_gqa, m_mha = memory(gqa, layout, work), memory(mha, layout, work)
+    assert m_gqa.activations < m_mha.activations and m_gqa.params < m_mha.params and m_gqa.total < m_mha.total
+    # FLOPs: only the k / v projections shrink; every query head still attends over the sequence
+    assert mha.flops_per_token(s) - gqa.flops_per_token(s) == 6 * 32 * 2 * 4096 * (32 - 8) * d
+
+
 def test_activation_bytes_match_profiled_recompute_benchmark():
     """benchmarks/trainer.py profiles GPT activation memory for none / selective / full (fp32)."""
     path = RESULTS / "trainer.json"
@@ -121,19 +249,24 @@ def test_tensor_parallel_across_nodes_is_slower():
 
 
 # --- search ------------------------------------------------------------------------------------
-def test_every_searched_layout_is_one_sampan_accepts():
-    model, gpus, work, hw = load_model("gpt-1.3b"), 32, Workload(1024, 64), get_hardware("h100-80g")
-    seen = 0
+@pytest.mark.parametrize("name", ["gpt-1.3b", "qwen2.5-7b"])
+def test_every_searched_layout_is_one_sampan_accepts(name):
+    model, gpus, work, hw = load_model(name), 32, Workload(1024, 64), get_hardware("h100-80g")
+    seen, mps = 0, set()
     for layout in layouts(model, gpus, work, hw):
         seen += 1
+        mps.add(layout.mp)
         assert layout.gpus == gpus
         assert layout.num_micro * layout.micro_batch * layout.data_ranks == work.global_batch
         strategy = layout.to_strategy()
         degrees = strategy.resolve_degrees(gpus)
-        strategy.validate_for_model(model.heads, model.layers, model.padded_vocab(layout.mp), degrees)
+        strategy.validate_for_model(model.heads, model.layers, model.padded_vocab(layout.mp), degrees,
+                                    num_kv_heads=model.kv_heads)
         assert not (layout.sp and layout.pp > 1)
         assert DistributedStrategy.from_dict(strategy.to_dict()) == strategy
     assert seen > 100
+    # qwen2.5-7b: 28 heads but 4 KV heads, so mp 8 (which the GPUs and a node allow) is never tried
+    assert mps == ({1, 2, 4, 8} if name == "gpt-1.3b" else {1, 2, 4})
 
 
 def test_search_ranks_fitting_layouts_fastest_first():
@@ -198,6 +331,10 @@ def test_cli_json_table_and_fix(capsys):
     (["--model", "gpt-175b", "--gpus", "8", "--global-batch", "8"], "fits in 80 GB"),
     (["--model", "gpt-13b", "--gpus", "64", "--global-batch", "7"], "no valid layout"),
     (["--model-shape", "layers=2,hidden=64", "--gpus", "8"], "needs ['heads', 'vocab']"),
+    (["--model", "qwen2.5-1.5b", "--gpus", "8", "--fix", "mp=4"], "mp 4 does not divide the 2 key/value heads"),
+    (["--model-shape", "layers=2,hidden=64,heads=4,vocab=512,kv_heads=2", "--gpus", "8"], "needs ffn="),
+    (["--model-shape", "layers=2,hidden=64,heads=4,vocab=512,kv_heads=2,ffn=176,gated=false", "--gpus", "8"],
+     "drop gated=false"),
 ])
 def test_cli_errors_say_what_is_wrong(capsys, args, message):
     rc, out = _plan(capsys, *args)
@@ -226,7 +363,7 @@ def test_write_strategy_round_trips_through_the_trainer(tmp_path, capsys):
             assert (pipe.schedule_mode, pipe.virtual_pp_degree, strategy.recompute) == ("Interleaved1F1B", 2, "full")
 
 
-@pytest.mark.parametrize("name", ["gpt-tiny", "ernie-tiny"])
+@pytest.mark.parametrize("name", ["gpt-tiny", "ernie-tiny", "qwen3-tiny"])
 def test_a_save_pretrained_config_file_plans_like_the_name(tmp_path, name):
     """``--model path/config.json`` as save_pretrained writes it (with its ``architecture`` key)."""
     import dataclasses
@@ -237,3 +374,83 @@ def test_a_save_pretrained_config_file_plans_like_the_name(tmp_path, name):
     shape = load_model(str(tmp_path / name / "config.json"))
     assert shape.name == name  # named by its directory
     assert dataclasses.replace(shape, name=name) == load_model(name)
+
+
+# --- the Llama family: Hugging Face config files, run files ------------------------------------
+# Qwen2.5-7B's config.json as transformers writes it (Qwen/Qwen2.5-7B on the Hugging Face hub).
+QWEN25_7B_HF = {
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151643,
+    "hidden_act": "silu", "hidden_size": 3584, "initializer_range": 0.02, "intermediate_size": 18944,
+    "max_position_embeddings": 131072, "max_window_layers": 28, "model_type": "qwen2", "num_attention_heads": 28,
+    "num_hidden_layers": 28, "num_key_value_heads": 4, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+    "sliding_window": 131072, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "transformers_version": "4.43.1", "use_cache": True, "use_sliding_window": False, "vocab_size": 152064,
+}
+
+
+def _hf_file(tmp_path: Path, hf: dict, directory: str) -> Path:
+    path = tmp_path / directory / "config.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(hf, indent=2))
+    return path
+
+
+def test_a_hugging_face_qwen2_config_json_plans_like_the_name(tmp_path, capsys):
+    import dataclasses
+
+    path = _hf_file(tmp_path, QWEN25_7B_HF, "Qwen2.5-7B")
+    shape = load_model(str(path))
+    assert shape.name == "Qwen2.5-7B" and shape.registered is None
+    # The registry's qwen2.5-7b is the instruct model's config (32K positions); RoPE has no table to count.
+    assert dataclasses.replace(shape, name="qwen2.5-7b", max_positions=32768) == load_model("qwen2.5-7b")
+    assert shape.num_parameters == 7_615_616_512 and (shape.kv_heads, shape.qkv_bias, shape.out_bias) == (4, True, False)
+    rc, out = _plan(capsys, "--model", str(path), "--gpus", "8", "--hardware", "h100-80g", "--seq-len", "4096",
+                    "--global-batch", "64", "--top", "3", "--json")
+    assert rc == 0
+    data = json.loads(out.out)
+    assert data["model"]["family"] == "llama" and data["model"]["kv_heads"] == 4 and data["model"]["gated_mlp"]
+    assert all(row["mp"] in (1, 2, 4) for row in data["rows"]) and len(data["rows"]) == 3
+
+
+@pytest.mark.parametrize("name", ["gpt-small", "ernie-base"])
+def test_hugging_face_gpt2_and_bert_configs_plan_like_the_zoo(tmp_path, name):
+    """A config.json as transformers writes it for GPT-2 / BERT plans as the registered shape."""
+    import sampan.models.ernie.hf as ernie_hf
+    import sampan.models.gpt.hf as gpt_hf
+
+    config = get_config(name)
+    adapter = gpt_hf if config.model_type == "gpt" else ernie_hf
+    head = "causal_lm" if config.model_type == "gpt" else "masked_lm"
+    path = _hf_file(tmp_path, adapter.config_to_hf(config, head), name)
+    shape = load_model(str(path))
+    assert shape.num_parameters == load_model(name).num_parameters
+    assert shape.flops_per_token(2048) == config.flops_per_token(2048)
+
+
+def _planned_model(run_file: Path) -> tuple[dict, ModelShape]:
+    """The run file's [model] table, and the shape of the model `sampan train` would build from it."""
+    from sampan.trainer.run_config import RunConfig
+
+    table = RunConfig.from_file(run_file).model
+    config = get_config(table["name"], **{k: v for k, v in table.items() if k != "name"})
+    return table, shape_from_config("run", config)
+
+
+@pytest.mark.parametrize("source", ["name", "hf-file", "inline"])
+def test_write_strategy_of_a_llama_model_trains_that_model(tmp_path, capsys, source):
+    import dataclasses
+
+    args = {"name": ["--model", "llama3-8b"],
+            "hf-file": ["--model", str(_hf_file(tmp_path, QWEN25_7B_HF, "Qwen2.5-7B"))],
+            "inline": ["--model-shape", "layers=32,hidden=4096,heads=32,kv_heads=8,head_dim=128,vocab=128000,"
+                       "ffn=14336"]}[source]
+    path = tmp_path / "run.toml"
+    rc, _ = _plan(capsys, *args, "--gpus", "16", "--hardware", "h100-80g", "--seq-len", "4096", "--global-batch", "64",
+                  "--fix", "mp=4,pp=2,micro_batch=1", "--write-strategy", str(path))
+    assert rc == 0
+    table, built = _planned_model(path)
+    planned = load_model(*args[1:]) if source != "inline" else load_model(shape=args[1])
+    assert table["name"] == {"name": "llama3-8b", "hf-file": "qwen2.5-7b", "inline": "llama2-7b"}[source]
+    assert built.family == "llama" and built.num_parameters == dataclasses.replace(planned, name="run").num_parameters
+    expected = dataclasses.replace(planned, name="run", max_positions=max(4096, planned.max_positions))
+    assert dataclasses.replace(built, max_positions=expected.max_positions) == expected

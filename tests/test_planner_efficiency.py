@@ -73,8 +73,19 @@ def test_committed_predictions_are_what_the_planner_computes(results, bench):
         plan = evaluate(row["model"], row["layout"], row["work"], hw)
         predicted = row["flops"] / plan.time.total / row["gpus"] / 1e12
         assert predicted == pytest.approx(saved["predicted_tflops_per_gpu"], rel=1e-9), (row["source"], row["gpus"])
+        # bit for bit: a change to the shapes or formulas that moves a GPT row needs the fit rerun
+        assert plan.time.total == saved["predicted_step_s"], (row["source"], row["gpus"])
+        assert plan.memory.total / 1e9 == saved["predicted_memory_gb"], (row["source"], row["gpus"])
         assert saved["published_tflops_per_gpu"] == row["published"]
         assert saved["calibration_row"] == row["calibration_row"]
+
+
+def test_committed_memory_predictions_are_what_the_planner_computes(bench):
+    """Part 1 of the benchmark (per-rank model state of 11 fleet layouts, activations per recompute mode)."""
+    saved = json.loads((ROOT / "benchmarks" / "results" / "planner.json").read_text())["memory"]
+    now = bench.part_memory()
+    assert [r["predicted"] for r in now["state"]] == [r["predicted"] for r in saved["state"]]
+    assert [r["predicted_bytes"] for r in now["activations"]] == [r["predicted_bytes"] for r in saved["activations"]]
 
 
 def test_reported_summaries_follow_from_the_rows(results):

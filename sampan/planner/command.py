@@ -11,16 +11,18 @@ from sampan.planner.hardware import PRESETS, get_hardware
 from sampan.planner.layout import Workload, parse_fix
 from sampan.planner.model_shape import load_model
 from sampan.planner.report import print_table, run_file_text, to_json, write_run_file
-from sampan.planner.search import check_inputs, evaluate, search
-from sampan.planner.zoo import ZOO
+from sampan.planner.search import check_inputs, evaluate, mp_problem, search
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     what = parser.add_argument_group("model and workload")
-    what.add_argument("--model", default=None, help="a name from `sampan models` (e.g. gpt-175b) or a config file "
-                                                    "(config.json, or a run file's [model] table)")
+    what.add_argument("--model", default=None, help="a name from `sampan models` (e.g. gpt-175b, qwen2.5-7b) or a "
+                                                    "config file (sampan's or a Hugging Face llama / qwen2 / qwen3 "
+                                                    "config.json, or a run file's [model] table)")
     what.add_argument("--model-shape", default=None, metavar="layers=..,hidden=..,heads=..,vocab=..",
-                      help="an inline GPT shape instead of --model (optional ffn=, max_positions=, tied=)")
+                      help="an inline GPT shape instead of --model (optional ffn=, max_positions=, tied=); "
+                           "gated=true (or kv_heads=, head_dim=) makes it a Llama-style block (SwiGLU of width "
+                           "ffn=, RMSNorm, RoPE, kv_heads key/value heads)")
     what.add_argument("--seq-len", type=int, default=None,
                       help="tokens per sequence (default: 2048; with --from-run, derived from the run)")
     what.add_argument("--global-batch", type=int, default=1536, help="sequences per optimizer step (default: 1536)")
@@ -88,9 +90,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_table(model, hw, work, args.gpus, plans, result)
     if args.write_strategy:
-        # A name load_model took from the zoo (not a config file) goes in [model] as is.
-        name = args.model if args.model is not None and (args.model in ZOO or not Path(args.model).is_file()) else None
-        path = write_run_file(args.write_strategy, run_file_text(model, name, work, plans[0]))
+        path = write_run_file(args.write_strategy, run_file_text(model, work, plans[0]))
         if not args.json:
             print(f"wrote {path} (sampan train --config {path})")
     return 0
@@ -99,8 +99,9 @@ def run(args: argparse.Namespace) -> int:
 def _check_fixed(model, layout) -> None:
     """What sampan would refuse for a --fix layout, said before pricing it."""
     problems = []
-    if model.heads % layout.mp:
-        problems.append(f"mp {layout.mp} does not divide the {model.heads} heads")
+    mp = mp_problem(model, layout.mp)
+    if mp is not None:
+        problems.append(mp)
     if model.layers < layout.pp * layout.vpp:
         problems.append(f"pp x vpp = {layout.pp * layout.vpp} exceeds the {model.layers} layers")
     if layout.pp > 1 and layout.num_micro < layout.pp:

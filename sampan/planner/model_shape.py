@@ -1,18 +1,37 @@
-"""The few numbers of a transformer that a plan needs, from a model name, a config file or a shape."""
+"""The few numbers of a transformer that a plan needs, from a model name, a config file or a shape.
+
+Every model family's config is torch-free (``sampan.models.registry``), so a shape is built from
+the config itself: ``sampan plan --model qwen2.5-72b`` reads ``get_config("qwen2.5-72b")`` and
+imports no torch. Config files may be sampan's own (``model_type`` gpt / ernie / llama, as
+``save_pretrained`` writes them, or a run file's ``[model]`` table) or Hugging Face's; HF files
+go through the family's adapter (``config_from_hf``) where that adapter imports no torch.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
+
+NORMS = ("layernorm", "rmsnorm")
+
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelShape:
     """A decoder / encoder stack: ``layers`` blocks of width ``hidden`` with ``heads`` heads.
 
+    The defaults describe sampan's GPT / ERNIE block: LayerNorm with bias, 4 h x h attention
+    matrices with biases, a 2-matrix MLP with biases, a learned position table. The Llama family
+    (``family="llama"``) sets RMSNorm, grouped-query attention (``kv_heads`` key/value heads of
+    ``head_dim``), the 3-matrix SwiGLU MLP, its own biases and no position table (RoPE).
+
     ``extra_params`` are parameters outside the blocks, embeddings and final norm (ERNIE's pooler
     and MLM transform, token-type embeddings); they are placed on the last pipeline stage.
+    ``extra_lookup_params`` is the part of them that is an embedding table (token types, pinyin
+    features): held in memory, but a lookup does no FLOPs.
     """
 
     name: str
@@ -21,79 +40,213 @@ class ModelShape:
     heads: int
     vocab: int
     ffn: int = 0
+    """MLP width (0: ``4 * hidden``); for a gated MLP, the width of gate and up."""
     max_positions: int = 2048
+    """The config's ``max_position_embeddings`` (the longest sequence it was built for)."""
     tied: bool = True
     extra_params: int = 0
     family: str = "gpt"
+    kv_heads: int = 0
+    """Key / value heads (grouped-query attention); 0: as many as ``heads``."""
+    head_dim: int = 0
+    """Width of one head; 0: ``hidden // heads`` (Qwen3 sets it so ``heads * head_dim != hidden``)."""
+    gated_mlp: bool = False
+    """SwiGLU: gate and up ``h -> ffn`` (column-parallel), down ``ffn -> h`` (row-parallel)."""
+    norm: str = "layernorm"
+    """"layernorm" (weight and bias) or "rmsnorm" (weight only)."""
+    qkv_bias: bool = True
+    out_bias: bool = True
+    mlp_bias: bool = True
+    qk_norm: bool = False
+    """Per-head RMSNorm of q and k (Qwen3): two ``head_dim`` weights per layer."""
+    learned_positions: int | None = None
+    """Rows of the position-embedding table; None: ``max_positions``; 0 with rotary positions."""
+    extra_lookup_params: int = 0
+    registered: str | None = dataclasses.field(default=None, compare=False)
+    """The registry name the shape was read from (None for a config file or an inline shape)."""
+    config: Mapping[str, Any] | None = dataclasses.field(default=None, compare=False, repr=False)
+    """The source config's fields (``ModelConfig.to_dict()``), for the run file's ``[model]`` table."""
 
     def __post_init__(self) -> None:
         for field in ("layers", "hidden", "heads", "vocab", "max_positions"):
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"model {field} must be an integer >= 1, got {value!r}")
-        if self.hidden % self.heads:
-            raise ValueError(f"model hidden ({self.hidden}) must be divisible by heads ({self.heads})")
+        for field in ("kv_heads", "head_dim", "ffn", "extra_params", "extra_lookup_params"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"model {field} must be an integer >= 0, got {value!r}")
+        if self.head_dim == 0:
+            if self.hidden % self.heads:
+                raise ValueError(f"model hidden ({self.hidden}) must be divisible by heads ({self.heads})")
+            object.__setattr__(self, "head_dim", self.hidden // self.heads)
+        if self.kv_heads == 0:
+            object.__setattr__(self, "kv_heads", self.heads)
+        if self.heads % self.kv_heads:
+            raise ValueError(f"model kv_heads ({self.kv_heads}) must divide heads ({self.heads}): each key/value "
+                             "head serves a whole group of query heads")
         if self.ffn == 0:
             object.__setattr__(self, "ffn", 4 * self.hidden)
+        if self.norm not in NORMS:
+            raise ValueError(f"model norm must be one of {list(NORMS)}, got {self.norm!r}")
+        if self.learned_positions is None:
+            object.__setattr__(self, "learned_positions", self.max_positions)
+        if self.extra_lookup_params > self.extra_params:
+            raise ValueError(f"model extra_lookup_params ({self.extra_lookup_params}) cannot exceed extra_params "
+                             f"({self.extra_params})")
 
-    # -- parameter counts (exact for sampan's GPT: biases everywhere, pre-norm, learned positions) --
+    # -- widths ---------------------------------------------------------------------------------
+    @property
+    def q_width(self) -> int:
+        """Width of the query projection and of the attention output, ``heads * head_dim``."""
+        return self.heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        """Width of each of the key and value projections, ``kv_heads * head_dim``."""
+        return self.kv_heads * self.head_dim
+
+    @property
+    def mlp_in_matrices(self) -> int:
+        """Column-parallel MLP matrices ``h -> ffn``: fc1 (1), or gate and up (2)."""
+        return 2 if self.gated_mlp else 1
+
+    @property
+    def norm_params(self) -> int:
+        """Parameters of one norm over ``hidden``."""
+        return self.hidden * (2 if self.norm == "layernorm" else 1)
+
+    # -- parameter counts (exact per family: tests/test_planner_cold_start.py checks every name) ---
+    def _split_params(self) -> int:
+        """One block's parameters that tensor parallel splits over mp ranks: column-parallel
+        q / k / v and fc1 (or gate / up) with their biases, row-parallel out-proj and fc2 (or down)
+        weights."""
+        h, f, q, kv = self.hidden, self.ffn, self.q_width, self.kv_width
+        attention = (h * q + q * self.qkv_bias) + 2 * (h * kv + kv * self.qkv_bias) + q * h
+        mlp = self.mlp_in_matrices * (h * f + f * self.mlp_bias) + f * h
+        return attention + mlp
+
+    def _row_biases(self) -> int:
+        # Row-parallel biases are added after the all-reduce, so every rank holds them whole.
+        return self.hidden * self.out_bias + self.hidden * self.mlp_bias
+
+    def _qk_norm_params(self) -> int:
+        return 2 * self.head_dim * self.qk_norm
+
     @property
     def layer_params(self) -> int:
-        h, f = self.hidden, self.ffn
-        return 4 * (h * h + h) + (h * f + f + f * h + h) + 4 * h
+        """One block's parameters."""
+        return self._split_params() + self._row_biases() + 2 * self.norm_params + self._qk_norm_params()
 
     def layer_params_per_mp(self, mp: int) -> float:
         """One block's parameters on one tensor-parallel rank: the matmuls split, norms and
-        row-parallel biases replicated (as sampan's DTensor plan does)."""
-        h, f = self.hidden, self.ffn
-        split = 3 * (h * h + h) + h * h + (h * f + f) + f * h
-        return split / mp + 2 * h + 4 * h
+        row-parallel biases replicated (as sampan's DTensor plans do)."""
+        # The terms are added in this order so GPT shapes give the float they always gave.
+        return self._split_params() / mp + self._row_biases() + 2 * self.norm_params + self._qk_norm_params()
 
     @property
     def embedding_params(self) -> int:
+        """The token-embedding table (and an untied head's matrix), ``vocab * hidden``."""
         return self.vocab * self.hidden
 
     @property
     def num_parameters(self) -> int:
+        """Every parameter of the model (a tied head counted once), as the config's ``num_parameters()``."""
         head = 0 if self.tied else self.embedding_params
-        return (self.embedding_params + self.max_positions * self.hidden + self.layers * self.layer_params
-                + 2 * self.hidden + head + self.extra_params)
+        return (self.embedding_params + self.learned_positions * self.hidden + self.layers * self.layer_params
+                + self.norm_params + head + self.extra_params)
 
     def flops_per_token(self, seq_len: int) -> float:
-        """Model FLOPs per trained token: ``6 N + 12 L h s`` where ``N`` leaves out the embedding
-        lookups but counts the head's ``V h`` (tied or not), as ``GPTConfig.flops_per_token`` counts
-        and Megatron / PaLM count MFU."""
-        n = self.layers * self.layer_params + 2 * self.hidden + self.extra_params + self.vocab * self.hidden
-        return 6 * n + 12 * self.layers * self.hidden * seq_len
+        """Model FLOPs per trained token: ``6 N + 12 L H d s`` where ``N`` leaves out the embedding
+        lookups but counts the head's ``V h`` (tied or not), as the families' ``flops_per_token``
+        count and Megatron / PaLM count MFU. The attention term uses the query heads' width
+        ``H d`` (``h`` for GPT): grouped-query attention shares keys and values between heads but
+        every query head still scores every key."""
+        n = (self.layers * self.layer_params + self.norm_params + self.extra_params - self.extra_lookup_params
+             + self.vocab * self.hidden)
+        return 6 * n + 12 * self.layers * self.q_width * seq_len
 
     def padded_vocab(self, mp: int, multiple: int = 128) -> int:
         """The vocabulary padded so every tensor-parallel rank gets an equal slice (as Megatron pads)."""
         unit = multiple * mp
         return -(-self.vocab // unit) * unit if self.vocab % mp else self.vocab
 
+    def describe(self) -> str:
+        """One line saying what the blocks are (the table prints it under its title)."""
+        heads = (f"{self.heads} heads x {self.head_dim}" if self.kv_heads == self.heads
+                 else f"{self.heads} q / {self.kv_heads} kv heads x {self.head_dim} (GQA)")
+        biases = "/".join(name for name, on in (("qkv", self.qkv_bias), ("out", self.out_bias), ("mlp", self.mlp_bias))
+                          if on)
+        parts = [f"{self.family}: {self.layers} layers", f"h {self.hidden}", heads,
+                 f"SwiGLU {self.ffn}" if self.gated_mlp else f"MLP {self.ffn}",
+                 "RMSNorm" if self.norm == "rmsnorm" else "LayerNorm", f"{biases} bias" if biases else "no bias"]
+        if self.qk_norm:
+            parts.append("q/k norm")
+        parts.append("learned positions" if self.learned_positions else "RoPE")
+        parts.append("tied head" if self.tied else "untied head")
+        return ", ".join(parts)
+
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self) | {"parameters": self.num_parameters}
+        """The shape's fields (not the source config) and its parameter count, as plain JSON values."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "config"}
+        return out | {"parameters": self.num_parameters}
 
 
-def _from_config(name: str, config) -> ModelShape:
-    gpt_like = ModelShape(name, config.num_layers, config.hidden_size, config.num_heads, config.vocab_size,
-                          config.intermediate_size, config.max_position_embeddings,
-                          bool(getattr(config, "tie_word_embeddings", True)), 0, config.model_type)
-    extra = config.num_parameters() - gpt_like.num_parameters
-    return dataclasses.replace(gpt_like, extra_params=max(0, extra))
+def shape_from_config(name: str, config: Any, registered: str | None = None) -> ModelShape:
+    """The :class:`ModelShape` of a family's config (``GPTConfig``, ``ErnieConfig``, ``LlamaConfig``).
+
+    The block is read from the config's fields; what lies outside blocks, embeddings and the final
+    norm (ERNIE's pooler, MLM transform and token-type tables) is taken from the config's own
+    ``num_parameters()`` / ``flops_per_token()``, so the shape's totals equal the config's.
+    """
+    # The block's make-up comes from the config's own description (ModelConfig's gated_mlp,
+    # norm_kind, biases, qk_norm, position_table_rows), so a new family needs no code here.
+    block = ModelShape(
+        name=name, layers=config.num_layers, hidden=config.hidden_size, heads=config.num_heads,
+        vocab=config.vocab_size, ffn=config.intermediate_size, max_positions=config.max_position_embeddings,
+        tied=bool(getattr(config, "tie_word_embeddings", True)), family=config.model_type,
+        kv_heads=config.num_kv_heads, head_dim=config.head_dim, gated_mlp=config.gated_mlp, norm=config.norm_kind,
+        qkv_bias=config.qkv_bias, out_bias=config.out_bias, mlp_bias=config.mlp_bias, qk_norm=config.qk_norm,
+        learned_positions=config.position_table_rows, registered=registered, config=config.to_dict())
+    extra = max(0, config.num_parameters() - block.num_parameters)
+    # The config's FLOP count says how much of the extra multiplies on every token (6 N + attention).
+    attention = 12 * block.layers * block.q_width
+    matmul_extra = (config.flops_per_token(1) - attention) // 6 - (
+        block.layers * block.layer_params + block.norm_params + block.vocab * block.hidden)
+    lookup = min(extra, max(0, extra - matmul_extra))
+    return dataclasses.replace(block, extra_params=extra, extra_lookup_params=lookup)
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"--model-shape expects true or false, got {text!r}")
+
+
+INLINE_LLAMA_BASE = "llama2-7b"
+"""The registered config whose non-shape settings an inline Llama-style ``--model-shape`` takes."""
+
+SHAPE_KEYS = ("layers", "hidden", "heads", "vocab", "ffn", "max_positions", "tied", "kv_heads", "head_dim", "gated")
 
 
 def parse_shape(text: str) -> ModelShape:
-    """``layers=96,hidden=12288,heads=96,vocab=51200[,ffn=..,max_positions=..,tied=..]``."""
-    fields = {}
-    allowed = ("layers", "hidden", "heads", "vocab", "ffn", "max_positions", "tied")
+    """``layers=96,hidden=12288,heads=96,vocab=51200[,ffn=..,max_positions=..,tied=..]``: a GPT block.
+
+    ``gated=true`` (or ``kv_heads=`` / ``head_dim=``) makes it a Llama-family block instead:
+    RMSNorm, no biases, rotary positions, a SwiGLU MLP of width ``ffn`` (required) and ``kv_heads``
+    key/value heads of ``head_dim``; ``tied`` defaults to false there, as in Llama.
+    """
+    fields: dict[str, Any] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, sep, value = part.partition("=")
         key = key.strip()
-        if not sep or key not in allowed:
-            raise ValueError(f"--model-shape part {part!r} must be KEY=VALUE with KEY one of {list(allowed)}")
-        if key == "tied":
-            fields[key] = value.strip().lower() in ("1", "true", "yes")
+        if not sep or key not in SHAPE_KEYS:
+            raise ValueError(f"--model-shape part {part!r} must be KEY=VALUE with KEY one of {list(SHAPE_KEYS)}")
+        if key in ("tied", "gated"):
+            fields[key] = _bool(value)
             continue
         try:
             fields[key] = int(value)
@@ -102,45 +255,108 @@ def parse_shape(text: str) -> ModelShape:
     missing = [k for k in ("layers", "hidden", "heads", "vocab") if k not in fields]
     if missing:
         raise ValueError(f"--model-shape needs {missing} (e.g. layers=96,hidden=12288,heads=96,vocab=51200)")
-    return ModelShape(f"shape(L={fields['layers']},h={fields['hidden']})", **fields)
+    name = f"shape(L={fields['layers']},h={fields['hidden']})"
+    llama_keys = [k for k in ("kv_heads", "head_dim") if k in fields]
+    gated = fields.pop("gated", True if llama_keys else False)
+    if not gated:
+        if llama_keys:
+            raise ValueError(f"--model-shape {'/'.join(llama_keys)}= describe a Llama-family block, whose MLP is "
+                             "gated (SwiGLU); drop gated=false, or drop them for a GPT block")
+        return ModelShape(name, **fields)
+    if "ffn" not in fields:
+        raise ValueError("--model-shape gated=true needs ffn= (the SwiGLU width of gate and up, e.g. ffn=14336 "
+                         "for hidden=4096)")
+    from sampan.models.registry import get_config  # torch-free; the config validates the shape too
+
+    # Llama 2's other settings (plain RoPE, no biases), so a run file can name it as the base.
+    config = get_config(INLINE_LLAMA_BASE, num_layers=fields["layers"], hidden_size=fields["hidden"],
+                        num_heads=fields["heads"], num_kv_heads=fields.get("kv_heads", 0),
+                        head_dim=fields.get("head_dim", 0), vocab_size=fields["vocab"],
+                        intermediate_size=fields["ffn"], max_position_embeddings=fields.get("max_positions", 2048),
+                        tie_word_embeddings=fields.get("tied", False))
+    return shape_from_config(name, config)
 
 
-def load_model(spec: str | None = None, shape: str | None = None) -> ModelShape:
-    """A model by registry name, by config file (config.json / .toml / .yaml), or by inline shape."""
-    if (spec is None) == (shape is None):
-        raise ValueError("give exactly one of --model (a name from `sampan models` or a config file) or --model-shape")
-    if shape is not None:
-        return parse_shape(shape)
-    from sampan.planner.zoo import ZOO
-
-    if spec in ZOO:  # the zoo's shapes without importing torch (cold start of `sampan plan`)
-        return ZOO[spec]
-    from sampan.models import get_config, list_models
-
-    if spec in list_models():
-        return _from_config(spec, get_config(spec))
-    path = Path(spec)
-    if not path.is_file():
-        raise ValueError(f"--model {spec!r} is neither a model name ({', '.join(list_models())}) nor a config file")
-    if path.suffix.lower() == ".json":
+def _read_file(path: Path) -> dict[str, Any]:
+    suffix = path.suffix.lower()
+    if suffix == ".json":
         data = json.loads(path.read_text(encoding="utf-8"))
+    elif suffix == ".toml":  # read here: sampan.trainer (which also reads TOML) imports torch
+        try:
+            import tomllib
+        except ModuleNotFoundError:  # Python 3.10
+            import tomli as tomllib
+
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
     else:
         from sampan.trainer.arguments import load_config_file
 
         data = load_config_file(path)
+    if not isinstance(data, dict):
+        raise ValueError(f"config {path} must hold a JSON object / table, got {type(data).__name__}")
+    if suffix != ".json":
         data = data.get("model", data)  # a run file's [model] table works too
-    data = dict(data)
+    return dict(data)
+
+
+def _is_sampan_config(data: Mapping[str, Any], families: Mapping[str, Any]) -> bool:
+    """sampan's config.json names one ``architecture``, HF's lists ``architectures``. Without
+    either: sampan's if it says ``num_layers`` (HF says ``num_hidden_layers`` / ``n_layer``) or
+    if every key is a field of the family's config."""
+    if "architecture" in data:
+        return True
+    if "architectures" in data:
+        return False
+    if "num_layers" in data:
+        return True
+    spec = families.get(data.get("model_type", "gpt"))
+    if spec is None:
+        return False
+    fields = {f.name for f in dataclasses.fields(spec.config_class)}
+    return set(data) - {"model_type"} <= fields
+
+
+def _config_from_hf(data: Mapping[str, Any], path: Path):
+    from sampan.models.registry import spec_for_hf_model_type
+
+    model_type = data.get("model_type")
+    if not isinstance(model_type, str):
+        raise ValueError(f"config {path} has no model_type: it is neither a sampan config (gpt / ernie / llama) "
+                         "nor a Hugging Face one")
+    spec = spec_for_hf_model_type(model_type)
+    try:  # the families' HF adapters import no torch (tests/test_planner_cold_start.py checks)
+        return spec.hf_adapter().config_from_hf(data)
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"config {path}: {err}") from err
+
+
+def load_model(spec: str | None = None, shape: str | None = None) -> ModelShape:
+    """A model by registry name, by config file (sampan's or Hugging Face's config.json, a run file
+    .toml / .yaml), or by inline shape. Imports no torch (except for a YAML file)."""
+    if (spec is None) == (shape is None):
+        raise ValueError("give exactly one of --model (a name from `sampan models` or a config file) or --model-shape")
+    if shape is not None:
+        return parse_shape(shape)
+    from sampan.models.registry import FAMILIES, get_config, list_models
+
+    if spec in list_models():
+        return shape_from_config(spec, get_config(spec), registered=spec)
+    path = Path(spec)
+    if not path.is_file():
+        raise ValueError(f"--model {spec!r} is neither a model name ({', '.join(list_models())}) nor a config file")
+    data = _read_file(path)
+    sampan_config = _is_sampan_config(data, FAMILIES)
     data.pop("architecture", None)  # save_pretrained records the head class; the shape does not depend on it
     base = data.pop("name", None)
-    from sampan.models.ernie.config import ErnieConfig
-    from sampan.models.gpt.config import GPTConfig
-
-    if base is not None:
+    if base is not None:  # a run file's [model]: a registered name and overrides of its fields
         config = get_config(base, **{k: v for k, v in data.items() if k != "model_type"})
+    elif sampan_config:
+        model_type = data.get("model_type", "gpt")
+        if model_type not in FAMILIES:
+            raise ValueError(f"config {path}: model_type must be one of sampan's families {sorted(FAMILIES)} or a "
+                             f"Hugging Face model_type in a Hugging Face config.json, got {model_type!r}")
+        config = FAMILIES[model_type].config_class.from_dict(data)
     else:
-        cls = {"gpt": GPTConfig, "ernie": ErnieConfig}.get(data.get("model_type", "gpt"))
-        if cls is None:
-            raise ValueError(f"config {path}: model_type must be 'gpt' or 'ernie', got {data.get('model_type')!r}")
-        config = cls.from_dict(data)
+        config = _config_from_hf(data, path)
     # save_pretrained's files are all called config.json: name the model by its directory then
-    return _from_config(base or (path.parent.name if path.stem == "config" else path.stem), config)
+    return shape_from_config(base or (path.parent.name if path.stem == "config" else path.stem), config)

@@ -49,7 +49,8 @@ def print_table(model: ModelShape, hw: Hardware, work: Workload, gpus: int, plan
 
     console = console or Console(width=max(Console().width, 150))  # a piped table stays readable
     title = (f"{model.name} ({model.num_parameters / 1e9:.1f}B) on {gpus} x {hw.name} "
-             f"({hw.memory_gb:g} GB, {hw.tflops:g} TFLOP/s) · seq {work.seq_len} · global batch {work.global_batch}")
+             f"({hw.memory_gb:g} GB, {hw.tflops:g} TFLOP/s) · seq {work.seq_len} · global batch {work.global_batch}"
+             f"\n{model.describe()}")
     table = Table(title=title)
     for col, justify in (("#", "right"), ("dp", "right"), ("shard", "right"), ("pp", "right"), ("mp", "right"),
                          ("schedule", "left"), ("mb x n", "right"), ("recompute", "left"), ("mem GB/GPU", "right"),
@@ -83,6 +84,8 @@ def _toml_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
+    if isinstance(value, (list, tuple)):  # e.g. Llama 3.1's three eos_token_id values
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
@@ -99,22 +102,74 @@ def _toml_tables(data: dict[str, Any], prefix: str = "") -> list[str]:
     return out
 
 
-def run_file_text(model: ModelShape, model_name: str | None, work: Workload, plan: Plan) -> str:
-    """A run file (``[model] [data] [training] [strategy]``) that ``sampan train --config`` accepts."""
+SHAPE_FIELDS = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
+                "tie_word_embeddings")
+"""Config fields a ``[model]`` table always spells out when it overrides a base config, so that
+none is re-derived from the others by ``get_config``'s ``replace`` (a head_dim or an MLP width
+that followed the base's hidden size)."""
+
+
+def _closest_config(config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``[model]`` for a config that is not a registered name: the registered config of its
+    family it differs least from, and the differences. Returns the table and header notes."""
+    from sampan.models.registry import get_config, list_models
+
+    best = None
+    for name in list_models():
+        base = get_config(name)
+        if base.model_type != config.get("model_type"):
+            continue
+        base_fields = base.to_dict()
+        diff = {k: v for k, v in config.items() if k != "model_type" and base_fields.get(k) != v}
+        unsaid = sorted(k for k, v in diff.items() if v is None)  # TOML has no null to say them with
+        key = (len(unsaid), len(diff))
+        if best is None or key < best[0]:
+            best = (key, name, diff, unsaid)
+    if best is None:
+        raise ValueError(f"no registered config of model_type {config.get('model_type')!r} to base a run file on")
+    _, name, diff, unsaid = best
+    table: dict[str, Any] = {"name": name, **{k: v for k, v in diff.items() if v is not None}}
+    if diff:
+        table |= {k: config[k] for k in SHAPE_FIELDS if k in config}
+    notes = [f"# [model] {', '.join(unsaid)}: none in the planned config, which TOML cannot say; {name}'s value "
+             "is kept (it does not change the plan)."] if unsaid else []
+    return table, notes
+
+
+def model_table(model: ModelShape, work: Workload, mp: int) -> tuple[dict[str, Any], list[str]]:
+    """The run file's ``[model]`` table (a registered name and overrides, as ``sampan train`` and
+    ``sampan.models.get_config`` read it) and header notes for it."""
+    notes: list[str] = []
+    if model.registered is not None:
+        table: dict[str, Any] = {"name": model.registered}
+    elif model.config is not None:  # a config file (any family) or an inline Llama-style shape
+        table, notes = _closest_config(dict(model.config))
+    else:  # an inline GPT shape: a GPT with these fields
+        table = {"name": "gpt-small", "num_layers": model.layers, "hidden_size": model.hidden,
+                 "num_heads": model.heads, "intermediate_size": model.ffn, "tie_word_embeddings": model.tied}
+    vocab = model.padded_vocab(mp)
+    table["vocab_size"] = vocab
+    table["max_position_embeddings"] = max(work.seq_len, model.max_positions)
+    if vocab != model.vocab:
+        notes.append(f"# vocab_size padded from {model.vocab} to {vocab} so mp={mp} divides it.")
+    return table, notes
+
+
+def run_file_text(model: ModelShape, work: Workload, plan: Plan) -> str:
+    """A run file (``[model] [data] [training] [strategy]``) that ``sampan train --config`` accepts.
+
+    ``[model]`` names the registered config the model came from (or the closest one of its
+    family, with the fields that differ), so a Llama / Qwen plan trains that family's model.
+    """
     lay = plan.layout
-    model_table: dict[str, Any] = {"name": model_name or "gpt-small"}
-    if model_name is None:  # an inline shape: a GPT with these fields
-        model_table |= {"num_layers": model.layers, "hidden_size": model.hidden, "num_heads": model.heads,
-                        "intermediate_size": model.ffn, "tie_word_embeddings": model.tied}
-    vocab = model.padded_vocab(lay.mp)
-    model_table["vocab_size"] = vocab
-    model_table["max_position_embeddings"] = max(work.seq_len, model.max_positions)
+    table, notes = model_table(model, work, lay.mp)
+    vocab = table["vocab_size"]
     strategy = lay.to_strategy(work.amp).to_dict()
     strategy["pipeline_configs"].pop("accumulate_steps")  # the Trainer's gradient_accumulation_steps sets it
     strategy.pop("amp", None)  # [training] amp sets it
     strategy.pop("recompute", None)  # [training] recompute sets it
     doc = {
-        "model": model_table,
+        "model": table,
         "data": {"corpus": "", "token_file": "data/train.bin", "token_dtype": "uint32" if vocab > 65535 else "uint16",
                  "vocab_size": vocab, "seq_len": work.seq_len},
         "training": {"output_dir": "outputs/plan", "max_steps": 1000,
@@ -131,9 +186,8 @@ def run_file_text(model: ModelShape, model_name: str | None, work: Workload, pla
         f"# run on {lay.gpus} GPUs: sampan launch --nnodes NODES --nproc_per_node GPUS_PER_NODE --rdzv_endpoint HOST:PORT "
         "-m sampan.cli train --config THIS_FILE",
         "# [data] token_file is a placeholder: point it at your token file (sampan data build).",
+        *notes,
     ]
-    if vocab != model.vocab:
-        header.append(f"# vocab_size padded from {model.vocab} to {vocab} so mp={lay.mp} divides it.")
     return "\n".join(header + [""] + _toml_tables(doc)) + "\n"
 
 

@@ -1,6 +1,7 @@
 """Every valid layout for a model on a cluster, priced and ranked.
 
 Valid means sampan can run it: dp x sharding x pp x mp equals the GPUs; mp divides the heads and
+the key/value heads (tensor parallel gives each rank whole KV heads under grouped-query attention) and
 fits in a node (tensor parallel all-reduces every block; across nodes it never wins); pp x vpp
 divides the layers; the micro-batch divides each data rank's share of the global batch; a pipeline
 gets at least pp micro-batches (the interleaved schedule a multiple of pp); sequence parallel only
@@ -52,11 +53,24 @@ def evaluate(model: ModelShape, layout: Layout, work: Workload, hw: Hardware, ov
 
 
 def divisors(n: int) -> list[int]:
+    """The divisors of ``n``, ascending."""
     small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
 
 
+def mp_problem(model: ModelShape, mp: int) -> str | None:
+    """Why tensor parallel degree ``mp`` cannot split ``model`` (None when it can): each rank needs
+    whole query heads and, with grouped-query attention, whole key/value heads."""
+    if model.heads % mp:
+        return f"mp {mp} does not divide the {model.heads} heads"
+    if model.kv_heads % mp:
+        return (f"mp {mp} does not divide the {model.kv_heads} key/value heads (grouped-query attention: each "
+                f"tensor-parallel rank needs whole KV heads; mp can be one of {divisors(model.kv_heads)})")
+    return None
+
+
 def check_inputs(model: ModelShape, gpus: int, work: Workload, hw: Hardware) -> None:
+    """Refuse a cluster the search cannot lay out (GPUs not a whole number of nodes)."""
     if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
         raise ValueError(f"--gpus must be an integer >= 1, got {gpus!r}")
     if gpus > hw.gpus_per_node and gpus % hw.gpus_per_node:
@@ -69,7 +83,7 @@ def check_inputs(model: ModelShape, gpus: int, work: Workload, hw: Hardware) -> 
 def layouts(model: ModelShape, gpus: int, work: Workload, hw: Hardware) -> Iterator[Layout]:
     """All valid layouts (see the module docstring)."""
     for mp in divisors(gpus):
-        if model.heads % mp or mp > hw.gpus_per_node:
+        if mp_problem(model, mp) or mp > hw.gpus_per_node:
             continue
         for pp in divisors(gpus // mp):
             if model.layers % pp:
@@ -145,7 +159,9 @@ def _rank_key(plan: Plan) -> tuple:
 
 
 def _no_layout_reason(model: ModelShape, gpus: int, work: Workload, hw: Hardware) -> str:
-    mps = [d for d in divisors(gpus) if model.heads % d == 0 and d <= hw.gpus_per_node]
+    mps = [d for d in divisors(gpus) if mp_problem(model, d) is None and d <= hw.gpus_per_node]
+    heads = (f"the {model.heads} heads" if model.kv_heads == model.heads
+             else f"the {model.heads} heads and {model.kv_heads} key/value heads")
     return (f"no valid layout of {model.name} on {gpus} GPUs: the global batch {work.global_batch} must be divisible "
-            f"by the data-parallel ranks gpus / (mp x pp) for some mp in {mps} (dividing the {model.heads} heads) and "
+            f"by the data-parallel ranks gpus / (mp x pp) for some mp in {mps} (dividing {heads}) and "
             f"pp dividing the {model.layers} layers; try a global batch that is a multiple of {gpus}")

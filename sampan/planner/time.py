@@ -1,11 +1,15 @@
 """Seconds per optimizer step of a layout, split into where the time goes.
 
-* compute: the stage's FLOPs (``6 N + 12 L h s`` per token, plus one more forward of the blocks
-  with full recompute) at ``Hardware.efficiency(h)`` of peak (a curve in the model's width);
+* compute: the stage's FLOPs (``6 N + 12 L H d s`` per token, ``H d = h`` for GPT, plus one more
+  forward of the blocks with full recompute) at ``Hardware.efficiency(h)`` of peak (a curve in the
+  model's width);
 * tensor parallel: 4 all-reduces of ``b s h`` activations per block and micro-batch (2 forward,
-  2 backward; all-gather + reduce-scatter with sequence parallel, the same bytes), plus the
-  vocabulary-parallel embedding's; 2 more per block with full recompute. Sampan does not overlap
-  them with compute (DTensor runs them in line);
+  after the row-parallel out-proj and fc2 / down; 2 backward, of the column-parallel q k v and
+  fc1 / gate-up input gradients, each reduced once as sampan's plans share that input; all-gather
+  + reduce-scatter with sequence parallel, the same bytes), plus the vocabulary-parallel
+  embedding's; 2 more per block with full recompute. They are ``h`` wide whatever the heads: GQA
+  narrows k and v inside a rank, not what crosses ranks. Sampan does not overlap them with
+  compute (DTensor runs them in line);
 * pipeline: the bubble, ``(p - 1) / v`` micro-batch slots of a stage (``v = 1`` for 1F1B and
   GPipe, ``vpp`` interleaved), and the point-to-point sends of ``b s h`` per boundary, on the
   critical path;
@@ -89,7 +93,7 @@ def step_time(model: ModelShape, layout: Layout, work: Workload, hw: Hardware, o
     tokens_mb = s * b
 
     # -- compute of one micro-batch on the busiest stage (the blocks, plus the head on the last) --
-    block_flops = (6 * model.layer_params + 12 * h * s) * tokens_mb / t
+    block_flops = (6 * model.layer_params + 12 * model.q_width * s) * tokens_mb / t  # as flops_per_token counts
     head_flops = 6 * model.vocab * h * tokens_mb / t
     recompute_flops = block_flops / 3 if layout.recompute == "full" else 0.0  # one more forward
     flops_mb = layers * (block_flops + recompute_flops) + head_flops  # the last stage: blocks + head
@@ -151,4 +155,5 @@ def _exposed(comm: float, overlappable: float, unit_frac: float, overlap: bool) 
 
 
 def model_flops_per_step(model: ModelShape, work: Workload) -> float:
+    """The model FLOPs of one optimizer step (``flops_per_token`` x tokens), what MFU divides."""
     return model.flops_per_token(work.seq_len) * work.tokens
