@@ -1,4 +1,5 @@
-"""Task fine-tuning of ERNIE: sentiment analysis and NER, full / LoRA / Adapter, honest data splits.
+"""Fine-tuning: ERNIE sentiment analysis and NER (full / LoRA / Adapter, honest data splits), and
+LoRA on any sampan model with peft-format adapters (``apply_lora``, ``save_peft_adapter``).
 
 ::
 
@@ -32,6 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from sampan.finetune.evaluate import evaluate_examples, predict_logits
     from sampan.finetune.lora import LoRAEmbedding, LoRALinear, apply_embedding_lora, apply_lora, merge_lora
     from sampan.finetune.metrics import accuracy, flat_span_metrics, span_f1
+    from sampan.finetune.peft_format import save_peft_adapter, without_lora
     from sampan.finetune.run import FinetuneResult, finetune
     from sampan.finetune.tags import (
         TagTransitions,
@@ -50,6 +52,7 @@ _SUBMODULES = {
     "evaluate": ("evaluate_examples", "predict_logits"),
     "lora": ("LoRAEmbedding", "LoRALinear", "apply_embedding_lora", "apply_lora", "merge_lora"),
     "metrics": ("accuracy", "flat_span_metrics", "span_f1"),
+    "peft_format": ("save_peft_adapter", "without_lora"),
     "run": ("FinetuneResult", "finetune"),
     "tags": ("TagTransitions", "count_transitions", "decode_entities", "encode_bio", "viterbi_bio"),
     "task_model": ("load_task_model", "read_task_meta"),
@@ -100,10 +103,12 @@ __all__ = [
     "predict_logits",
     "read_jsonl",
     "read_task_meta",
+    "save_peft_adapter",
     "sentence_windows",
     "span_f1",
     "tokenize_for_task",
     "viterbi_bio",
+    "without_lora",
     "TagTransitions",
     "count_transitions",
 ]

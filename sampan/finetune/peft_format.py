@@ -1,0 +1,134 @@
+"""LoRA adapters in peft's format: ``adapter_config.json`` + ``adapter_model.safetensors``.
+
+A model fine-tuned with :func:`sampan.finetune.apply_lora` saves its low-rank updates where
+``peft.PeftModel.from_pretrained(base, adapter_dir)`` loads them onto the base exported with
+``save_pretrained(format="hf")``, so the fine-tune runs in ``transformers`` + ``peft`` (or any
+server that reads peft adapters) with the logits sampan computes. peft itself is not needed to
+write the files (it is a test-only reference).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import save_file
+from torch import nn
+
+from sampan.finetune.lora import LoRALinear, _set_submodule
+from sampan.utils.atomic import atomic_dir
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+# sampan head -> peft task_type (what PeftModel wraps the base in).
+TASK_TYPES = {"causal_lm": "CAUSAL_LM", "sequence_classification": "SEQ_CLS", "token_classification": "TOKEN_CLS"}
+
+
+def lora_layers(model: nn.Module) -> dict[str, LoRALinear]:
+    """The model's LoRA linear layers by module name."""
+    return {name: m for name, m in model.named_modules() if isinstance(m, LoRALinear)}
+
+
+def _base_linear(layer: LoRALinear) -> nn.Linear:
+    plain = nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None, device="meta")
+    plain.weight, plain.bias = layer.weight, layer.bias  # shared, not copied
+    return plain
+
+
+@contextlib.contextmanager
+def without_lora(model: nn.Module) -> Iterator[nn.Module]:
+    """``model`` with each LoRA layer swapped for its frozen base layer (the update dropped, not
+    merged) while the block runs, then swapped back: the base the adapter was trained on, for
+    ``save_pretrained(format="hf")``, without copying any weight."""
+    layers = lora_layers(model)
+    try:
+        for name, layer in layers.items():
+            _set_submodule(model, name, _base_linear(layer))
+        yield model
+    finally:
+        for name, layer in layers.items():
+            _set_submodule(model, name, layer)
+
+
+def _hf_module_names(model: nn.Module, names: list[str]) -> dict[str, str]:
+    """sampan module name -> the module's name in the Hugging Face export (via the family adapter)."""
+    from sampan.models.registry import spec_of
+
+    spec = spec_of(model)
+    if spec is None:
+        raise ValueError(f"{type(model).__name__} is not a sampan model family: peft adapters are written for "
+                         "models that also export to Hugging Face format")
+    adapter, head = spec.hf_adapter(), type(model).head
+    mapped = {}
+    for name in names:
+        weight = model.get_submodule(name).weight.detach()
+        try:
+            hf = adapter.state_to_hf({f"{name}.weight": weight}, model.config, head)
+        except (KeyError, ValueError):  # a module HF fuses with others has no name of its own
+            hf = {}
+        keys = [k for k, v in hf.items() if k.endswith(".weight") and v.shape == weight.shape]
+        if len(hf) != 1 or not keys:
+            raise ValueError(f"LoRA on {name} has no one-to-one Hugging Face module in the {spec.family} family's "
+                             "export (GPT-2 fuses q / k / v into one c_attn); merge the update into the weights "
+                             "(merge_lora) and save the whole model with save_pretrained(format='hf') instead")
+        mapped[name] = keys[0].removesuffix(".weight")
+    return mapped
+
+
+def save_peft_adapter(model: nn.Module, adapter_dir: str | os.PathLike, base_dir: str | os.PathLike | None = None,
+                      base_model_name_or_path: str | None = None) -> Path:
+    """Write ``model``'s LoRA layers as a peft adapter in ``adapter_dir`` (atomically); returns its path.
+
+    ``base_dir``, when given, also receives the base model (the weights the adapter was trained
+    on, without the update) in Hugging Face format, and the adapter names it as its base. Every
+    LoRA layer must share one rank and alpha (peft's ``r`` / ``lora_alpha``; sampan's
+    ``apply_lora`` makes them so).
+    """
+    layers = lora_layers(model)
+    if not layers:
+        raise ValueError("the model has no LoRA layers: apply sampan.finetune.apply_lora(model, targets, rank, "
+                         "alpha) and train it first")
+    settings = {(m.rank, m.alpha, getattr(m.lora_dropout, "p", 0.0)) for m in layers.values()}
+    if len(settings) != 1:
+        raise ValueError(f"LoRA layers with different (rank, alpha, dropout) {sorted(settings)}: a peft adapter "
+                         "has one r / lora_alpha / lora_dropout")
+    rank, alpha, dropout = settings.pop()
+    hf_names = _hf_module_names(model, sorted(layers))
+    head = getattr(type(model), "head", "")
+    if base_dir is not None:
+        with without_lora(model):
+            model.save_pretrained(base_dir, format="hf")
+        base_model_name_or_path = base_model_name_or_path or str(Path(base_dir).resolve())
+    config: dict[str, Any] = {
+        "peft_type": "LORA",
+        "task_type": TASK_TYPES.get(head),
+        "base_model_name_or_path": base_model_name_or_path,
+        "r": rank,
+        "lora_alpha": alpha,
+        "lora_dropout": dropout,
+        # Exact module names: peft matches a name equal to a target (or ending in ".target"), so
+        # only the layers sampan adapted are adapted.
+        "target_modules": sorted(hf_names.values()),
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+        "init_lora_weights": True,
+        "use_rslora": False,
+        "use_dora": False,
+        "modules_to_save": None,
+        "rank_pattern": {},
+        "alpha_pattern": {},
+    }
+    tensors = {}
+    for name, layer in layers.items():
+        prefix = f"base_model.model.{hf_names[name]}"
+        tensors[f"{prefix}.lora_A.weight"] = layer.lora_A.detach().to("cpu", copy=True).contiguous()
+        tensors[f"{prefix}.lora_B.weight"] = layer.lora_B.detach().to("cpu", copy=True).contiguous()
+    with atomic_dir(adapter_dir) as tmp:
+        save_file(tensors, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt", "producer": "sampan"})
+        (tmp / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return Path(adapter_dir)
