@@ -41,6 +41,7 @@ demo: setup
 # setup-dev: benchmarks/tasks.py's baseline uses scikit-learn (a dev extra).
 bench: setup-dev
 	$(BIN)/python benchmarks/model_step.py
+	$(BIN)/python benchmarks/hf_parity.py
 	$(BIN)/python benchmarks/trainer.py
 	$(BIN)/python benchmarks/hybrid_parallel.py
 	$(BIN)/python benchmarks/to_static.py

@@ -190,3 +190,21 @@ def test_predictor_quick(tmp_path):
     assert cold["first_use_s"] > 0 and cold["cached_s"] > 0
     # exporting needs torch; answering from the cached export does not
     assert cold["torch_imported"]["first_use"] == [True] and cold["torch_imported"]["cached"] == [False]
+
+
+@pytest.mark.timeout(300)
+def test_hf_parity_quick_checks_equal_work_before_timing(tmp_path):
+    """Both sides load the same weights; the run refuses to time unless losses, gradients and greedy
+    tokens agree, and it writes both sides' step time, saved bytes and tokens/s."""
+    out = tmp_path / "hf_parity.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "hf_parity.py"), "--quick", "--out", str(out)],
+                   check=True, capture_output=True, text=True, timeout=280)
+    result = json.loads(out.read_text())
+    assert set(result["cases"]) == {"qwen2", "llama"}
+    for case in result["cases"].values():
+        assert abs(case["loss"]["sampan"] - case["loss"]["transformers"]) <= 1e-5 * case["loss"]["transformers"]
+        assert case["max_grad_diff"] < 1e-4
+        assert case["train_step_ratio"] == pytest.approx(case["train_step"]["sampan"]["median_step_s"]
+                                                         / case["train_step"]["transformers"]["median_step_s"])
+        assert all(b > 0 for b in case["saved_for_backward_bytes"].values())
+        assert all(t > 0 for t in case["generate"]["tokens_per_s"].values())
