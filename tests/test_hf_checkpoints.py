@@ -261,3 +261,21 @@ def test_export_refuses_what_hf_cannot_express(tmp_path):
         ernie.save_pretrained(tmp_path / "e", format="hf")
     with pytest.raises(ValueError, match="format"):
         model.save_pretrained(tmp_path / "y", format="onnx")
+
+
+def test_tokenizer_files_beside_the_model_give_autotokenizer_the_same_ids(tmp_path):
+    from sampan.text import ChineseTokenizer, load_corpus
+
+    tokenizer = ChineseTokenizer.train([d.text for d in load_corpus("news", "train")[:200]], vocab_size=600)
+    texts = ["新华社北京电", "ＡＢＣ１９９８年，iPhone上市"]
+    for name in ("llama-tiny", "qwen3-tiny", "gpt-tiny"):
+        model = sampan.models.create(name, vocab_size=tokenizer.vocab_size, num_layers=1)
+        model.save_pretrained(tmp_path / name, format="hf", tokenizer=tokenizer)
+        auto = transformers.AutoTokenizer.from_pretrained(tmp_path / name)
+        assert [auto(t)["input_ids"] for t in texts] == [tokenizer.encode(t).ids for t in texts], name
+    # transformers reads a qwen2 directory's tokenizer as Qwen2Tokenizer whatever its config says:
+    # a WordPiece tokenizer would encode other ids there, so it is refused, and nothing is written.
+    qwen2 = sampan.models.create("qwen2-tiny", vocab_size=tokenizer.vocab_size, num_layers=1)
+    with pytest.raises(ValueError, match="Qwen2Tokenizer.*WordPiece"):
+        qwen2.save_pretrained(tmp_path / "qwen2", format="hf", tokenizer=tokenizer)
+    assert not (tmp_path / "qwen2").exists()

@@ -75,6 +75,20 @@ def hf_config_and_state(model: torch.nn.Module, state: Mapping[str, torch.Tensor
     return config, adapter.state_to_hf(state, model.config, head)
 
 
+def check_tokenizer(model: torch.nn.Module, tokenizer: Any) -> None:
+    """Refuse a tokenizer that ``transformers`` would read differently beside this model (the family
+    adapter's ``tokenizer_problem`` says when)."""
+    spec = spec_of(model)
+    problem = getattr(spec.hf_adapter(), "tokenizer_problem", None) if spec is not None else None
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    text = backend.to_str() if backend is not None else (tokenizer.to_json() if hasattr(tokenizer, "to_json") else None)
+    if problem is None or text is None:
+        return
+    reason = problem(model.config, json.loads(text))
+    if reason:
+        raise ValueError(f"cannot save this tokenizer with the model in Hugging Face format: {reason}")
+
+
 def write_generation_config(config: ModelConfig, directory: Path) -> None:
     """``generation_config.json`` with the special ids, as transformers' ``generate`` reads them."""
     ids = {key: getattr(config, key, None) for key in ("bos_token_id", "eos_token_id", "pad_token_id")}

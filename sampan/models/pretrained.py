@@ -93,9 +93,11 @@ class PretrainedModel(torch.nn.Module):
         tied = self.tied_weights()
         state = {name: tensor.detach() for name, tensor in self.state_dict().items() if name not in tied}
         if format == "hf":
-            from sampan.models.hf_checkpoint import hf_config_and_state
+            from sampan.models.hf_checkpoint import check_tokenizer, hf_config_and_state
 
             config, state = hf_config_and_state(self, state)
+            if tokenizer is not None:
+                check_tokenizer(self, tokenizer)
         else:
             config = {**self.config.to_dict(), "architecture": type(self).__name__}
         with atomic_dir(save_directory) as tmp:

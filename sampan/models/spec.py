@@ -117,3 +117,6 @@ class HFAdapter(Protocol):
 
     def state_to_hf(self, state: Mapping[str, Any], config: ModelConfig, head: str) -> dict[str, Any]:
         """The HF state dict for sampan's ``state`` (tied aliases already removed)."""
+
+    # Optional: ``tokenizer_problem(config, tokenizer_json) -> str | None``, why transformers would
+    # read a tokenizer saved beside this model differently (``save_pretrained`` refuses it then).

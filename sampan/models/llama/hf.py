@@ -7,6 +7,7 @@ form or transformers 5's ``rope_parameters``) and which biases / norms each arch
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -141,3 +142,20 @@ def config_to_hf(config: LlamaConfig, head: str) -> dict[str, Any]:
 def state_to_hf(state: Mapping[str, Any], config: LlamaConfig, head: str) -> dict[str, Any]:
     """sampan's state dict is already under HF's names."""
     return dict(state)
+
+
+def tokenizer_problem(config: LlamaConfig, tokenizer_json: Mapping[str, Any]) -> str | None:
+    """Why ``transformers`` would encode differently with this tokenizer in this model's directory
+    (None when it would not). transformers 5 loads a ``qwen2`` directory's tokenizer as
+    ``Qwen2Tokenizer`` whatever ``tokenizer_config.json`` names, rebuilding a byte-level BPE around
+    the vocabulary; any other tokenizer gets other ids there."""
+    if config.variant != "qwen2":
+        return None
+    model = tokenizer_json.get("model") or {}
+    pre = json.dumps(tokenizer_json.get("pre_tokenizer"))
+    if model.get("type") == "BPE" and "ByteLevel" in pre:
+        return None
+    return (f"transformers loads a Hugging Face qwen2 directory's tokenizer as Qwen2Tokenizer (a byte-level "
+            f"BPE) whatever tokenizer_config.json says, so this {model.get('type', 'unknown')} tokenizer would "
+            "encode other ids there; save the tokenizer in its own directory (tokenizer.save_pretrained(dir)), "
+            "or train the model with a byte-level BPE tokenizer")
