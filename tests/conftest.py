@@ -1,7 +1,13 @@
 """Test-wide settings and fixtures."""
 
+import os
+
 import pytest
 import torch
+
+# Set by .ci/run: there every test must run, so a skip fails the session (a "tested" claim in the
+# README must not have gone untested in CI).
+NO_SKIPS = "SAMPAN_NO_SKIPS"
 
 # The tests use tiny tensors, for which a second intra-op thread costs more than it gives
 # (and CI runs on 2 cores). Results do not depend on the thread count.
@@ -37,3 +43,25 @@ def asgi_post():
         return asyncio.run(go())
 
     return post
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Say at the end what went untested on this machine, and why (a skipped test backs a claim
+    that this run did not check)."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped:
+        terminalreporter.write_line("untested on this machine: nothing (0 tests skipped)")
+        return
+    terminalreporter.section("untested on this machine")
+    for report in skipped:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        terminalreporter.write_line(f"{report.nodeid}: {reason.removeprefix('Skipped: ')}")
+    verdict = "FAILS the run" if os.environ.get(NO_SKIPS) else f"set {NO_SKIPS}=1 to make skips fail, as CI does"
+    terminalreporter.write_line(f"{len(skipped)} test(s) skipped: the claims they back went untested here ({verdict})")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter is not None else []
+    if os.environ.get(NO_SKIPS) and skipped and exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
