@@ -2,7 +2,9 @@
 
 Each case launches ``tests/scripts/fleet_equivalence.py`` under torchrun, trains a tiny GPT or
 ERNIE for 5 AdamW steps (clipping on), and compares the per-step global losses with the same
-script run as one plain process.
+script run as one plain process. AdamW normalises the gradient away (a doubled or halved gradient
+moves its step by ~1e-7), so a few GPT layouts also run under plain SGD, where the step is the
+gradient times the learning rate and a gradient of the wrong scale changes the next loss by ~1e-3.
 """
 
 from __future__ import annotations
@@ -83,6 +85,43 @@ def test_strategy_matches_one_process(case, family, reference, tmp_path):
     run = _torchrun(nproc, out, "--family", family, *args)
     assert run.returncode == 0, run.stderr[-3000:]
     _assert_close(_losses(out), reference[family])
+
+
+# One layout per kind of split (data, tensor, ZeRO-3, pipeline with accumulation, and data x tensor
+# on 4 ranks), where a gradient reduced, averaged or weighted with the wrong factor shows under SGD.
+SGD_CASES = ["dp2", "mp2", "sharding2-stage3", "pp2-1F1B", "dp2xmp2"]
+
+
+@pytest.fixture(scope="module")
+def sgd_reference(tmp_path_factory) -> list[float]:
+    """One-process GPT losses under plain SGD; only the SGD cases run it."""
+    path = tmp_path_factory.mktemp("ref") / "gpt-sgd.json"
+    subprocess.run([sys.executable, str(SCRIPT), str(path), "--family", "gpt", "--optimizer", "sgd"], check=True,
+                   env=ENV, timeout=120, capture_output=True)
+    return _losses(path)
+
+
+@pytest.mark.timeout(120)
+def test_sgd_reference_shows_a_gradient_half_as_large(sgd_reference, tmp_path):
+    """Under SGD half the gradient is the same step as half the learning rate: that run's losses
+    from step 2 on must differ from the reference by far more than the equivalence tolerance."""
+    half = tmp_path / "half.json"
+    subprocess.run([sys.executable, str(SCRIPT), str(half), "--family", "gpt", "--optimizer", "sgd",
+                    "--learning-rate", "0.5"], check=True, env=ENV, timeout=100, capture_output=True)
+    got = _losses(half)
+    assert got[0] == sgd_reference[0]  # the first loss is before any step
+    for step in range(1, 5):
+        assert abs(got[step] - sgd_reference[step]) > 50 * 1e-5 * abs(sgd_reference[step]), step
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("case", SGD_CASES)
+def test_gradient_scale_matches_one_process_under_sgd(case, sgd_reference, tmp_path):
+    nproc, args = CASES[case]
+    out = tmp_path / "losses.json"
+    run = _torchrun(nproc, out, "--family", "gpt", "--optimizer", "sgd", *args)
+    assert run.returncode == 0, run.stderr[-3000:]
+    _assert_close(_losses(out), sgd_reference)
 
 
 @pytest.mark.timeout(300)

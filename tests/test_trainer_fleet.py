@@ -3,8 +3,8 @@
 ``tests/scripts/trainer_fleet.py`` trains a tiny GPT for 6 steps (2 micro-batches each, cosine
 schedule with warmup, clipping, evaluation and a checkpoint every 3 steps). Run as one process,
 on dp2 x mp2, and resumed from the dp2 x mp2 checkpoint at pp2 and in one process, it must log the
-same losses, gradient norms and eval losses; killed mid-run under ``sampan launch``, it must end
-bit-identical to the uninterrupted run.
+same losses, gradient norms and eval losses; killed mid-run under ``sampan launch`` (with dropout on, so
+every rank's RNG stream must come back), it must end bit-identical to the uninterrupted run.
 """
 
 from __future__ import annotations
@@ -71,6 +71,14 @@ def dp2_mp2(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def dp2_mp2_dropout(tmp_path_factory) -> Path:
+    """dp2 x mp2 with dropout 0.1, uninterrupted: what the killed-and-restarted run must end equal to."""
+    out = tmp_path_factory.mktemp("runs") / "dp2xmp2-dropout"
+    _run(4, out, "--batch", "4", "--strategy", DP2_MP2, "--dropout", "0.1")
+    return out
+
+
 @pytest.mark.timeout(300)
 def test_trainer_with_a_strategy_matches_one_process(one_process, dp2_mp2):
     want = _metrics(one_process)
@@ -104,23 +112,28 @@ def test_fleet_checkpoint_resumes_at_another_layout_and_in_one_process(one_proce
 
 
 @pytest.mark.timeout(400)
-def test_killed_rank_restarts_the_group_which_resumes_and_ends_bit_identical(dp2_mp2, tmp_path):
+def test_killed_rank_restarts_the_group_which_resumes_and_ends_bit_identical(dp2_mp2, dp2_mp2_dropout, tmp_path):
     """``sampan launch --max_restarts 1``: one of 4 ranks SIGKILLs itself after step 5; torchrun
     restarts the group, ``resume_from_checkpoint="auto"`` picks checkpoint 3, and the run ends with
-    exactly the parameters of the uninterrupted dp2 x mp2 run."""
+    exactly the parameters of the uninterrupted dp2 x mp2 run. Both run with dropout 0.1, so each
+    step consumes every rank's torch RNG: only restoring each rank's saved stream gets steps 4-6
+    bit-identical (with dropout 0 a resume that reseeded or skipped the RNG would pass unnoticed)."""
     import torch
 
+    # The dropout is really on: the same run without it logs other losses from step 1.
+    assert _metrics(dp2_mp2_dropout)[1]["loss"] != _metrics(dp2_mp2)[1]["loss"]
     out = tmp_path / "killed"
     run = subprocess.run([sys.executable, "-m", "sampan.cli", "launch", "--nproc_per_node", "4", "--max_restarts", "1",
                           str(SCRIPT), str(out), "--batch", "4", "--strategy", DP2_MP2, "--resume", "auto",
-                          "--kill-rank", "2", "--kill-step", "5"],
+                          "--kill-rank", "2", "--kill-step", "5", "--dropout", "0.1"],
                          capture_output=True, text=True, env=ENV, timeout=380)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "rank 2: killing myself after step 5" in run.stderr
     assert f"resumed from {out / 'checkpoint-00000003'} at step 3" in run.stdout
-    assert _metrics(out) == _metrics(dp2_mp2)  # metrics.jsonl was cut back to step 3, then rewritten
+    # metrics.jsonl was cut back to step 3, then rewritten: losses, gradient norms and eval losses equal
+    assert _metrics(out) == _metrics(dp2_mp2_dropout)
 
-    want, have = _final_parameters(dp2_mp2), _final_parameters(out)
+    want, have = _final_parameters(dp2_mp2_dropout), _final_parameters(out)
     assert sorted(have) == sorted(want)
     for name, tensor in want.items():
         assert torch.equal(have[name], tensor), name

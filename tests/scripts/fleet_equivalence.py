@@ -6,6 +6,11 @@ writes the losses.
 
 Every rank builds the same model from the same seed and sees the same global batches; fleet
 splits the work. The losses must match the one-process run.
+
+``--optimizer sgd`` trains with plain SGD (no clipping, no weight decay) at a learning rate where
+one step visibly moves the loss. AdamW divides the gradient by its own running magnitude, so a
+gradient twice or half as large as it should be changes its step by ~1e-7; SGD's step is the
+gradient times the learning rate, so a wrong gradient scale shows directly in the next loss.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import sampan
 from sampan.models import create
 
 STEPS = 5
+SGD_LEARNING_RATE = 1.0
 
 
 class Block(torch.nn.Module):
@@ -105,12 +111,20 @@ def main() -> None:
     parser.add_argument("--save-after", type=int, default=0, help="save a DCP checkpoint here after N steps, stop")
     parser.add_argument("--resume-from", default="", help="load this DCP checkpoint, then run the remaining steps")
     parser.add_argument("--ckpt", default="", help="checkpoint directory for --save-after")
+    parser.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw",
+                        help="adamw (clipped at global norm 1) or plain sgd, where gradient scale shows")
+    parser.add_argument("--learning-rate", type=float, default=None,
+                        help=f"default 1e-2 for adamw, {SGD_LEARNING_RATE} for sgd")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
     model = make_model(args.family)
-    optimizer = sampan.optimizer.AdamW(learning_rate=1e-2, parameters=model.parameters(), weight_decay=0.01,
-                                       grad_clip=sampan.nn.ClipGradByGlobalNorm(1.0))
+    if args.optimizer == "sgd":
+        optimizer = sampan.optimizer.SGD(learning_rate=args.learning_rate or SGD_LEARNING_RATE,
+                                         parameters=model.parameters())
+    else:
+        optimizer = sampan.optimizer.AdamW(learning_rate=args.learning_rate or 1e-2, parameters=model.parameters(), weight_decay=0.01,
+                                           grad_clip=sampan.nn.ClipGradByGlobalNorm(1.0))
     losses = []
     use_fleet = args.fleet or "RANK" in os.environ
     from sampan.distributed.checkpoint import load_distributed, save_distributed

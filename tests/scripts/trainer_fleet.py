@@ -9,7 +9,9 @@ global batches, and so the losses in ``OUT_DIR/metrics.jsonl``, must match the o
 
 ``--kill-rank R --kill-step S`` (under ``sampan launch --max_restarts 1``): in the first attempt,
 rank R SIGKILLs itself after step S, as a crashed node would; with ``--resume auto`` the restarted
-group resumes from the newest checkpoint.
+group resumes from the newest checkpoint. The kill-and-resume test runs with ``--dropout 0.1`` so
+every step draws from each rank's torch RNG: a restart that did not restore every rank's stream
+would diverge. (Runs compared with one process keep dropout 0: the masks of 1 and N ranks differ.)
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ def main() -> None:
     parser.add_argument("--resume", default=None, help="a checkpoint directory to resume from, or 'auto'")
     parser.add_argument("--kill-rank", type=int, default=-1)
     parser.add_argument("--kill-step", type=int, default=0)
+    parser.add_argument("--dropout", type=float, default=0.0, help="dropout on embeddings, residuals, attention")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -58,7 +61,8 @@ def main() -> None:
     train = TokenWindowDataset(tokens[:3200], seq_len=16)
     evaluation = TokenWindowDataset(tokens[3200:3969], seq_len=16)  # 48 windows: whole global batches
     torch.manual_seed(0)
-    model = create("gpt-tiny", vocab_size=64, hidden_size=32, num_layers=4, num_heads=4, max_position_embeddings=16)
+    model = create("gpt-tiny", vocab_size=64, hidden_size=32, num_layers=4, num_heads=4, max_position_embeddings=16,
+                   dropout=args.dropout, attention_dropout=args.dropout)
     training = TrainingArguments(
         output_dir=args.output_dir, max_steps=args.max_steps, per_device_train_batch_size=args.batch,
         per_device_eval_batch_size=args.batch, gradient_accumulation_steps=2, learning_rate=1e-2,
