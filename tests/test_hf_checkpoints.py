@@ -21,10 +21,17 @@ transformers.logging.set_verbosity_error()
 
 TOL = 1e-4
 VOCAB = 128
+# Norm epsilons far from every default (transformers' and sampan's: 1e-6 RMSNorm, 1e-5 GPT-2,
+# 1e-12 BERT): at these tiny models' activation scale, a mapping that dropped the field (in either
+# direction) and fell back to a default moves the logits by 3e-2 or more, 300 x TOL.
+EPS = 1e-3
+# sampan's own ERNIE at its init (classifier weights of std 0.02, logits ~0.02): 1e-3 moves the
+# post-norm sequence classifier's logits by only 1.5e-5 when dropped; 0.1 moves them by 1.2e-3.
+OWN_ENCODER_EPS = 0.1
 DECODER = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=56, num_hidden_layers=2, num_attention_heads=4,
-               max_position_embeddings=64)
+               max_position_embeddings=64, rms_norm_eps=EPS)
 ENCODER = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-               max_position_embeddings=40)
+               max_position_embeddings=40, layer_norm_eps=EPS)
 
 # model_type -> (transformers class, its config): every model_type from_pretrained reads.
 CASES = {
@@ -37,7 +44,8 @@ CASES = {
     "qwen3": ("Qwen3ForCausalLM", lambda: transformers.Qwen3Config(**DECODER, num_key_value_heads=2, head_dim=16,
                                                                    tie_word_embeddings=False)),
     "gpt2": ("GPT2LMHeadModel", lambda: transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4,
-                                                                n_positions=64, bos_token_id=1, eos_token_id=2)),
+                                                                n_positions=64, bos_token_id=1, eos_token_id=2,
+                                                                layer_norm_epsilon=EPS)),
     "bert": ("BertForMaskedLM", lambda: transformers.BertConfig(**ENCODER, hidden_act="gelu_new")),
     "ernie": ("ErnieForMaskedLM", lambda: transformers.ErnieConfig(**ENCODER, use_task_id=True)),
     "roberta-prelayernorm": ("RobertaPreLayerNormForMaskedLM", lambda: transformers.RobertaPreLayerNormConfig(
@@ -137,19 +145,19 @@ def test_left_padded_generation_equals_transformers(tmp_path):
 
 
 # -- sampan's own families, exported ---------------------------------------------------------------
-OWN = {
-    "qwen2-tiny": ("causal_lm", "Qwen2ForCausalLM"),
-    "qwen3-tiny": ("causal_lm", "Qwen3ForCausalLM"),
-    "llama-tiny": ("causal_lm", "LlamaForCausalLM"),
-    "gpt-tiny": ("causal_lm", "GPT2LMHeadModel"),
+OWN = {  # name -> (head, transformers class, a non-default norm epsilon in sampan's field name)
+    "qwen2-tiny": ("causal_lm", "Qwen2ForCausalLM", {"rms_norm_eps": EPS}),
+    "qwen3-tiny": ("causal_lm", "Qwen3ForCausalLM", {"rms_norm_eps": EPS}),
+    "llama-tiny": ("causal_lm", "LlamaForCausalLM", {"rms_norm_eps": EPS}),
+    "gpt-tiny": ("causal_lm", "GPT2LMHeadModel", {"layer_norm_eps": EPS}),
 }
 
 
 @pytest.mark.parametrize("name", sorted(OWN))
 def test_sampan_models_open_in_transformers(name, tmp_path):
-    head, arch = OWN[name]
+    head, arch, eps = OWN[name]
     torch.manual_seed(0)
-    ours = sampan.models.create(name, vocab_size=VOCAB, max_position_embeddings=64).eval()
+    ours = sampan.models.create(name, vocab_size=VOCAB, max_position_embeddings=64, **eps).eval()
     ours.save_pretrained(tmp_path, format="hf", max_shard_size="40KB")
     assert (tmp_path / "model.safetensors.index.json").is_file()  # sharded, with the index
     if ours.config.eos_token_id is not None:  # transformers' generate stops where sampan's does
@@ -170,7 +178,8 @@ def test_sampan_models_open_in_transformers(name, tmp_path):
 def test_sampan_ernie_opens_in_transformers(name, head, arch, pre_norm, tmp_path):
     torch.manual_seed(0)
     ours = sampan.models.create(name, head=head, vocab_size=VOCAB, hidden_size=32, num_heads=4,
-                                max_position_embeddings=40, num_labels=3, pre_norm=pre_norm).eval()
+                                max_position_embeddings=40, num_labels=3, pre_norm=pre_norm,
+                                layer_norm_eps=OWN_ENCODER_EPS).eval()
     ours.save_pretrained(tmp_path, format="hf")
     arch = arch.replace("Bert", "RobertaPreLayerNorm") if pre_norm else arch
     hf = getattr(transformers, arch).from_pretrained(tmp_path).eval()
