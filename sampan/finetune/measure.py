@@ -6,8 +6,8 @@
         --out outputs/finetune-measure
 
 For each task and ``method:learning_rate`` it fine-tunes, then prints and writes
-``OUT/results.json``: test metrics, dev metrics, trainable parameters, train seconds and the
-settings. With a config name the model starts from random weights (a tokenizer is trained on
+``OUT/results.json``: the machine it ran on and the command, then per run the test metrics, dev
+metrics, trainable parameters, train seconds and the settings. With a config name the model starts from random weights (a tokenizer is trained on
 the task's training split), which is what the figures in docs/finetune.md are: a floor, not
 what a pretrained base reaches.
 """
@@ -15,7 +15,11 @@ what a pretrained base reaches.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
+import platform
+import sys
 import time
 from pathlib import Path
 
@@ -46,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = []
+    record = {"benchmark": "finetune_methods",
+              "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "command": " ".join(["python -m sampan.finetune.measure", *(argv if argv is not None else sys.argv[1:])]),
+              "machine": _machine(), "runs": results}
     for task in args.tasks.split(","):
         for spec in args.runs.split(","):
             method, _, lr = spec.partition(":")
@@ -66,8 +74,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"== {task} {method} lr={lr}: test {'accuracy' if task != 'ner' else 'f1'} {headline:.4f} "
                   f"(dev best {r.dev_metrics}) trainable {r.trainable_parameters:,}/{r.total_parameters:,} "
                   f"train {r.train_seconds:.0f}s", flush=True)
-            (out / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
+            (out / "results.json").write_text(json.dumps(record, indent=2), encoding="utf-8")
     return 0
+
+
+def _machine() -> dict:
+    """What the figures were measured on (the same fields as benchmarks/_common.machine_info)."""
+    import torch
+
+    return {"processor": platform.processor() or platform.machine(), "machine": platform.machine(),
+            "cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
 if __name__ == "__main__":
