@@ -69,8 +69,8 @@ def finetune_batching(task: str, batch_size: int, timed_batches: int, repeats: i
     from sampan.finetune import encode_examples, load_task_data
     from sampan.finetune.base import build_task_model, load_base
     from sampan.finetune.encoding import PadCollator
-    from sampan.hub.store import SHIPPED_DIR
     from sampan.optimizer import AdamW
+    from sampan.store.models import SHIPPED_DIR
 
     data = load_task_data(task, max_train_examples=max_examples, max_eval_examples=max_examples)
     shipped = SHIPPED_DIR / "ernie-tiny-zh"

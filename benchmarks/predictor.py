@@ -275,8 +275,8 @@ def cold_start(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     threads = set_threads(args.threads)
-    from sampan.hub.store import resolve
     from sampan.inference import export_pretrained
+    from sampan.store.models import resolve
     from sampan.taskflow.runtime import eager_model, quiet_exporter
 
     model_dir = resolve(args.model)

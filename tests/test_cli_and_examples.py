@@ -13,8 +13,8 @@ import pytest
 
 from sampan.cli import main
 from sampan.demo import DemoConfig, run_demo
+from sampan.demo.finetune_stage import COLLAPSED_COSINE
 from sampan.models import from_pretrained
-from sampan.taskflow.demo import COLLAPSED_COSINE
 from sampan.text import CharVocab
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 import sampan.hub as hub
 from sampan.hub import recipes
-from sampan.hub.store import SHIPPED_DIR, ModelNotFoundError, resolve
+from sampan.store.models import SHIPPED_DIR, ModelNotFoundError, resolve
 
 SHIPPED = ("ernie-tiny-zh", "ernie-tiny-sentiment", "ernie-tiny-ner", "gpt-zh")
 
@@ -87,7 +87,7 @@ def test_hub_list_table_fits_80_columns_without_cutting_names_or_figures(home, c
 
 
 def test_missing_models_name_the_command_that_builds_them(home, monkeypatch):
-    monkeypatch.setattr("sampan.hub.store.SHIPPED_DIR", home / "nothing-shipped")
+    monkeypatch.setattr("sampan.store.models.SHIPPED_DIR", home / "nothing-shipped")
     with pytest.raises(ModelNotFoundError, match="sampan hub build gpt-zh"):
         resolve("gpt-zh")
     with pytest.raises(ModelNotFoundError, match="unknown model 'gpt-9'; did you mean 'gpt-zh'\\? known models:"):

@@ -164,7 +164,7 @@ def test_padding_mask_leaves_real_tokens_alone():
 
 # -- training pieces and export --------------------------------------------------------------------------------
 def test_recompute_wraps_every_layer_and_keeps_gradients():
-    from sampan.trainer.recompute import apply_recompute
+    from sampan.nn.recompute import apply_recompute
 
     ids = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(3))
     plain, wrapped = _model("qwen3-tiny").train(), _model("qwen3-tiny").train()

@@ -58,7 +58,7 @@ def test_model_state_bytes_match_fleet_measurements():
 def test_activation_bytes_match_a_fresh_measurement(mode):
     """Bytes a small GPT saves for backward (unique non-parameter storages) against the formula."""
     from sampan.models import create
-    from sampan.trainer.recompute import apply_recompute
+    from sampan.nn.recompute import apply_recompute
 
     torch.manual_seed(0)
     L, h, a, V, s, b = 2, 64, 4, 512, 64, 2
@@ -108,7 +108,7 @@ def test_llama_activation_bytes_match_a_fresh_measurement(name, mode, amp):
     """GQA (k, v of 2 heads, q of 4), SwiGLU, RMSNorm and (Qwen3) q/k norms, as sampan's eager model
     keeps them, in fp32 and under CPU bf16 autocast (whose per-projection casts the formula counts)."""
     from sampan.models import create
-    from sampan.trainer.recompute import apply_recompute
+    from sampan.nn.recompute import apply_recompute
 
     torch.manual_seed(0)
     b, s = 3, 40  # 120 tokens: no activation has a weight's shape

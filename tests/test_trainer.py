@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch import nn
 
-import sampan.trainer.recompute as recompute_module
+import sampan.nn.recompute as recompute_module
 from sampan.amp import GradScaler, auto_cast
 from sampan.checkpoint import load_checkpoint, resolve_resume
 from sampan.io import TokenWindowDataset

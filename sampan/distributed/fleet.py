@@ -32,7 +32,7 @@ from sampan.distributed.topology import HybridCommunicateGroup
 from sampan.models.pipeline_parts import PipelineParts
 from sampan.models.registry import spec_of
 from sampan.nn.clip import ClipGradByGlobalNorm
-from sampan.trainer.recompute import apply_recompute
+from sampan.nn.recompute import apply_recompute
 
 
 class Fleet:

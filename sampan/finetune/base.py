@@ -78,16 +78,15 @@ def _ernie_config(data: dict, where: str) -> ErnieConfig:
 
 def _stored_model(model: str) -> Path:
     """The store's directory for ``model``, or an error naming all three kinds of name a base can be."""
-    from sampan.hub.recipes import RECIPES
-    from sampan.hub.store import ModelNotFoundError, resolve
     from sampan.models import list_models
+    from sampan.store.models import RECIPE_NAMES, ModelNotFoundError, resolve
 
     try:
         return resolve(model)
     except ModelNotFoundError:
-        if model in RECIPES:  # a recipe not built yet: the store's error says how to build it
+        if model in RECIPE_NAMES:  # a recipe not built yet: the store's error says how to build it
             raise
-        from sampan.hub.store import list_models as stored_models
+        from sampan.store.models import list_models as stored_models
         from sampan.utils.names import did_you_mean
 
         configs = [n for n in list_models() if n.startswith("ernie")]

@@ -17,7 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 from sampan.hub.module import MODULES, Module
-from sampan.hub.store import ModelCard, ModelNotFoundError, home, list_models, resolve
+from sampan.store.models import ModelCard, ModelNotFoundError, list_models, resolve
+from sampan.store.paths import home
 
 
 def list() -> dict[str, Any]:  # noqa: A001 - PaddleHub's name, kept on purpose

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from sampan.hub.store import CARD_NAME, resolve
+from sampan.store.models import CARD_NAME, resolve
 
 TASKS = ("sentiment_analysis", "ner")
 

@@ -19,7 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sampan.hub.store import CARD_NAME, ModelCard, home, resolve, user_models_dir
+from sampan.store.models import CARD_NAME, ModelCard, resolve
+from sampan.store.paths import home, user_models_dir
 from sampan.utils.names import did_you_mean
 
 

@@ -13,10 +13,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from sampan.hub.store import model_file
 from sampan.inference.config import MODEL_PREFIX
 from sampan.inference.export import export_model
 from sampan.static import InputSpec
+from sampan.store.models import model_file
 from sampan.text.features import FEATURE_NAMES, CharFeatures
 
 # Extra files of a model directory that travel with its export (tokenizer, task head, model config).
@@ -241,7 +241,7 @@ def _model_source(model_dir: str | os.PathLike[str]) -> Path:
     path = Path(model_dir)
     if path.is_dir() or os.sep in str(model_dir):
         return path  # a path: from_pretrained / load_task_model say what is wrong with it
-    from sampan.hub.store import ModelNotFoundError, resolve
+    from sampan.store.models import ModelNotFoundError, resolve
 
     try:
         return resolve(str(model_dir))

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sampan.hub.store import cache_dir, model_file, resolve
+from sampan.store.models import model_file, resolve
+from sampan.store.paths import cache_dir
 from sampan.text.tokenizer import ChineseTokenizer
 
 # Files whose bytes define a stored model (the export depends on nothing else).

@@ -1,5 +1,6 @@
 """The training engine: ``Trainer``, ``TrainingArguments``, callbacks, recompute."""
 
+from sampan.nn.recompute import apply_recompute
 from sampan.trainer.arguments import TrainingArguments, load_config_file
 from sampan.trainer.callbacks import (
     MetricsJsonlCallback,
@@ -7,7 +8,6 @@ from sampan.trainer.callbacks import (
     TensorBoardCallback,
     TrainerCallback,
 )
-from sampan.trainer.recompute import apply_recompute
 from sampan.trainer.state import TrainerState
 from sampan.trainer.trainer import EvalPrediction, Trainer
 

@@ -34,6 +34,7 @@ from sampan.checkpoint import (
 from sampan.checkpoint.discovery import checkpoint_dir_name
 from sampan.checkpoint.store import rotate_checkpoints
 from sampan.io import DataLoader
+from sampan.nn.recompute import apply_recompute
 from sampan.optimizer import AdamW
 from sampan.trainer.arguments import TrainingArguments
 from sampan.trainer.callbacks import (
@@ -42,7 +43,6 @@ from sampan.trainer.callbacks import (
     TensorBoardCallback,
     TrainerCallback,
 )
-from sampan.trainer.recompute import apply_recompute
 from sampan.trainer.schedules import build_schedule
 from sampan.trainer.state import TrainerState
 from sampan.utils.hardware import measure_gemm_flops, process_memory_mb

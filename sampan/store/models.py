@@ -1,4 +1,4 @@
-"""The local model store: named model directories, shipped in the package or built under ``$SAMPAN_HOME``.
+"""The local model store (imports only ``sampan.store.paths`` and ``sampan.utils``): named model directories, shipped in the package or built under ``$SAMPAN_HOME``.
 
 A stored model is a directory holding ``config.json`` + ``model.safetensors`` (written by
 ``save_pretrained``; shipped models are fp16 to keep the package small) or, for a task model kept
@@ -17,23 +17,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SHIPPED_DIR = Path(__file__).resolve().parent / "models"
+from sampan.store.paths import user_models_dir
+
+# The shipped models are package data under sampan/hub/models (where `sampan hub build` recipes
+# made them); only their files are read from there, nothing is imported.
+SHIPPED_DIR = Path(__file__).resolve().parent.parent / "hub" / "models"
 CARD_NAME = "card.json"
-
-
-def home() -> Path:
-    """Sampan's per-user directory: ``$SAMPAN_HOME``, default ``~/.sampan``."""
-    return Path(os.environ.get("SAMPAN_HOME") or Path.home() / ".sampan").expanduser()
-
-
-def user_models_dir() -> Path:
-    """Where ``sampan hub build`` writes models: ``$SAMPAN_HOME/models``."""
-    return home() / "models"
-
-
-def cache_dir(*parts: str) -> Path:
-    """A cache directory under ``$SAMPAN_HOME/cache`` (exported graphs, quantized files)."""
-    return home().joinpath("cache", *parts)
+# The names `sampan hub build` has a recipe for. The store owns the names so that an unbuilt one
+# gets the command that builds it without the store importing the recipes (a layer above it);
+# tests/test_hub.py checks that sampan.hub.recipes registers exactly these.
+RECIPE_NAMES = ("ernie-tiny-zh", "gpt-zh", "ernie-tiny-sentiment", "ernie-tiny-ner")
 
 
 def search_paths() -> list[Path]:
@@ -96,10 +89,8 @@ def resolve(name: str) -> Path:
     for root in search_paths():
         if _is_model_dir(root / name):
             return (root / name).resolve()
-    from sampan.hub.recipes import RECIPES
-
-    known = sorted({c.name for c in list_models()} | set(RECIPES))
-    if name in RECIPES:
+    known = sorted({c.name for c in list_models()} | set(RECIPE_NAMES))
+    if name in RECIPE_NAMES:
         raise ModelNotFoundError(
             f"model {name!r} is not built yet; build it with `sampan hub build {name}` "
             f"(writes {user_models_dir() / name})")

@@ -1,0 +1,25 @@
+"""Sampan's per-user directories. This module imports nothing from sampan: every layer may use it.
+
+``$SAMPAN_HOME`` (default ``~/.sampan``) holds what the user builds (``models/``), caches
+(``cache/``: exported graphs, quantized files, measured peaks) and data builds (``build/``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def home() -> Path:
+    """Sampan's per-user directory: ``$SAMPAN_HOME``, default ``~/.sampan``."""
+    return Path(os.environ.get("SAMPAN_HOME") or Path.home() / ".sampan").expanduser()
+
+
+def user_models_dir() -> Path:
+    """Where ``sampan hub build`` writes models: ``$SAMPAN_HOME/models``."""
+    return home() / "models"
+
+
+def cache_dir(*parts: str) -> Path:
+    """A cache directory under ``$SAMPAN_HOME/cache`` (exported graphs, quantized files)."""
+    return home().joinpath("cache", *parts)
