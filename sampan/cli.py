@@ -90,15 +90,9 @@ def _cmd_models(args: argparse.Namespace) -> int:
 
 def _parse_overrides(pairs: list[str]) -> dict:
     """``table.key=value`` pairs; values are parsed as YAML scalars (numbers, bools, null, strings)."""
-    from sampan.trainer.arguments import load_yaml
+    from sampan.utils.settings import parse_assignments
 
-    overrides = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise ValueError(f"--set {pair!r} must look like table.key=value (e.g. training.max_steps=100)")
-        overrides[key.strip()] = load_yaml(value)
-    return overrides
+    return parse_assignments(pairs, "--set", "training.max_steps=100", form="table.key=value")
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -239,10 +233,9 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
 
 def _parse_model_overrides(pairs: list[str]) -> dict:
     """``key=value`` model-config overrides (values parsed as YAML scalars, as ``--set`` does)."""
-    bad = [p for p in pairs if "=" not in p or not p.partition("=")[0].strip()]
-    if bad:
-        raise ValueError(f"--override {bad[0]!r} must look like key=value (e.g. num_layers=2)")
-    return {key.split(".", 1)[-1]: value for key, value in _parse_overrides([f"model.{p}" for p in pairs]).items()}
+    from sampan.utils.settings import parse_assignments
+
+    return parse_assignments(pairs, "--override", "num_layers=2")
 
 
 def _cmd_finetune(args: argparse.Namespace) -> int:

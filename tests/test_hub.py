@@ -98,6 +98,14 @@ def test_missing_models_name_the_command_that_builds_them(home, monkeypatch):
         resolve("./no/such/dir")
 
 
+def test_the_store_names_exactly_the_recipes():
+    """sampan.store owns the buildable names (so an unbuilt one's error says how to build it
+    without importing the recipes); the recipes must register exactly those."""
+    from sampan.store.models import RECIPE_NAMES
+
+    assert sorted(RECIPE_NAMES) == sorted(recipes.RECIPES)
+
+
 def test_recipe_settings_are_typed_and_checked():
     s = recipes.parse_settings(recipes.GPTSettings, ["steps=5", "learning_rate=0.01", "corpora=news"])
     assert (s.steps, s.learning_rate, s.corpora) == (5, 0.01, "news")
@@ -110,8 +118,9 @@ def test_recipe_settings_are_typed_and_checked():
     assert recipes.parse_settings(recipes.GPTSettings, ["steps=1e3"]).steps == 1000
     e = recipes.parse_settings(recipes.ErnieSettings, ["pack=false", "pre_norm=1", "dropout=0"])
     assert (e.pack, e.pre_norm, e.dropout) == (False, True, 0.0)  # not bool("false")
+    assert recipes.parse_settings(recipes.ErnieSettings, ["pack=no"]).pack is False  # every flag's words
     with pytest.raises(ValueError, match="pack is true or false"):
-        recipes.parse_settings(recipes.ErnieSettings, ["pack=no"])
+        recipes.parse_settings(recipes.ErnieSettings, ["pack=maybe"])
     with pytest.raises(ValueError, match="no recipe 'bert'; recipes:"):
         recipes.build("bert")
     with pytest.raises(ValueError, match="no recipe 'gpt-zx'; did you mean 'gpt-zh'"):

@@ -85,15 +85,9 @@ def _cmd_hub_evaluate(args: argparse.Namespace) -> int:
 def parse_options(pairs: list[str]) -> dict[str, object]:
     """``KEY=VALUE`` task options (values read as YAML scalars: ``seed=3`` is an int, ``0.7`` a
     float) -> ``{key: value}``; the task itself refuses a key it does not take."""
-    from sampan.trainer.arguments import load_yaml
+    from sampan.utils.settings import parse_assignments
 
-    options: dict[str, object] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"--option {pair!r} must look like KEY=VALUE (e.g. max_new_tokens=32)")
-        options[key.strip()] = load_yaml(value)
-    return options
+    return parse_assignments(pairs, "--option", "max_new_tokens=32")
 
 
 def _cmd_task(args: argparse.Namespace) -> int:

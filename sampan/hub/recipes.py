@@ -22,6 +22,7 @@ from typing import Any
 from sampan.store.models import CARD_NAME, ModelCard, resolve
 from sampan.store.paths import home, user_models_dir
 from sampan.utils.names import did_you_mean
+from sampan.utils.settings import coerce, split_assignment
 
 
 @dataclasses.dataclass
@@ -408,27 +409,11 @@ def parse_settings(cls: type, pairs: list[str]) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     values: dict[str, Any] = {}
     for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep or key not in fields:
+        key, raw = split_assignment(pair, "--set", "steps=600")
+        if key not in fields:
             raise ValueError(f"--set {pair!r}: {did_you_mean(key, fields)}expected KEY=VALUE with KEY one of "
                              f"{sorted(fields)}")
-        kind = type(fields[key].default)
-        if kind is bool:
-            if raw.lower() not in ("true", "false", "1", "0"):
-                raise ValueError(f"--set {pair!r}: {key} is true or false")
-            values[key] = raw.lower() in ("true", "1")
-            continue
-        try:
-            if kind is int:  # "1e3" is 1000; "2.5" is refused rather than cut to 2
-                number = float(raw)
-                if not number.is_integer():
-                    raise ValueError(raw)
-                values[key] = int(number)
-            else:
-                values[key] = raw if kind is str else kind(raw)
-        except ValueError:
-            raise ValueError(f"--set {pair!r}: {key} takes {'an integer' if kind is int else 'a number'}, "
-                             f"e.g. {key}={fields[key].default}") from None
+        values[key] = coerce(raw, fields[key].default, f"--set {pair!r}: {key}", f"{key}={fields[key].default}")
     return cls(**values)
 
 

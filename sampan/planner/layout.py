@@ -115,18 +115,17 @@ def parse_fix(text: str, gpus: int, workload: Workload) -> Layout:
     ints = ("dp", "mp", "pp", "sharding", "stage", "micro_batch", "num_micro", "vpp")
     allowed = (*ints, "recompute", "schedule", "sp")
     given: dict = {}
+    from sampan.utils.settings import coerce, parse_bool, split_assignment
+
     for part in filter(None, (p.strip() for p in text.split(","))):
-        key, sep, value = part.partition("=")
-        key, value = key.strip().replace("-", "_"), value.strip()
-        if not sep or key not in allowed:
+        key, value = split_assignment(part, "--fix part", "mp=8")
+        key = key.replace("-", "_")
+        if key not in allowed:
             raise ValueError(f"--fix part {part!r} must be KEY=VALUE with KEY one of {list(allowed)}")
         if key in ints:
-            try:
-                given[key] = int(value)
-            except ValueError:
-                raise ValueError(f"--fix {key}={value!r} must be an integer") from None
+            given[key] = coerce(value, 0, f"--fix {key}")
         elif key == "sp":
-            given[key] = value.lower() in ("1", "true", "yes", "on")
+            given[key] = parse_bool(value, "--fix sp")
         elif key == "schedule":
             given[key] = SCHEDULE_NAMES.get(value.lower(), value)
         else:

@@ -217,15 +217,6 @@ def shape_from_config(name: str, config: Any, registered: str | None = None) -> 
     return dataclasses.replace(block, extra_params=extra, extra_lookup_params=lookup)
 
 
-def _bool(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"--model-shape expects true or false, got {text!r}")
-
-
 INLINE_LLAMA_BASE = "llama2-7b"
 """The registered config whose non-shape settings an inline Llama-style ``--model-shape`` takes."""
 
@@ -239,19 +230,17 @@ def parse_shape(text: str) -> ModelShape:
     RMSNorm, no biases, rotary positions, a SwiGLU MLP of width ``ffn`` (required) and ``kv_heads``
     key/value heads of ``head_dim``; ``tied`` defaults to false there, as in Llama.
     """
+    from sampan.utils.settings import coerce, parse_bool, split_assignment
+
     fields: dict[str, Any] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
-        key, sep, value = part.partition("=")
-        key = key.strip()
-        if not sep or key not in SHAPE_KEYS:
+        key, value = split_assignment(part, "--model-shape part", "layers=96")
+        if key not in SHAPE_KEYS:
             raise ValueError(f"--model-shape part {part!r} must be KEY=VALUE with KEY one of {list(SHAPE_KEYS)}")
         if key in ("tied", "gated"):
-            fields[key] = _bool(value)
-            continue
-        try:
-            fields[key] = int(value)
-        except ValueError:
-            raise ValueError(f"--model-shape {key}={value!r} must be an integer") from None
+            fields[key] = parse_bool(value, f"--model-shape {key}")
+        else:
+            fields[key] = coerce(value, 0, f"--model-shape {key}")
     missing = [k for k in ("layers", "hidden", "heads", "vocab") if k not in fields]
     if missing:
         raise ValueError(f"--model-shape needs {missing} (e.g. layers=96,hidden=12288,heads=96,vocab=51200)")

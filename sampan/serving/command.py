@@ -70,13 +70,13 @@ def parse_model_dirs(pairs: list[str]) -> dict[str, str]:
 
 def parse_task_options(pairs: list[str], tasks: list[str]) -> dict[str, dict]:
     """``task.key=value`` pairs (values as YAML scalars) -> ``{task: {key: value}}``."""
-    from sampan.trainer.arguments import load_yaml
+    from sampan.utils.settings import load_yaml, split_assignment
 
     out: dict[str, dict] = {}
     for pair in pairs:
-        key, sep, value = pair.partition("=")
-        task, dot, name = key.strip().partition(".")
-        if not sep or not dot or not task or not name:
+        key, value = split_assignment(pair, "--task-option", "text_generation.max_new_tokens=32")
+        task, dot, name = key.partition(".")
+        if not dot or not task or not name:
             raise ValueError(f"--task-option {pair!r} must look like TASK.KEY=VALUE "
                              "(e.g. text_generation.max_new_tokens=32)")
         if task not in tasks:

@@ -54,8 +54,11 @@ class TrainingArguments:
         max_nonfinite_steps: stop with an error after this many consecutive steps whose loss is
             inf/nan (each is skipped).
         deterministic: ``torch.use_deterministic_algorithms(True)`` for bit-exact reruns.
-        peak_flops: the hardware's peak FLOP/s for MFU; None measures a GEMM at start, 0 turns
-            MFU off.
+        peak_flops: one device's peak FLOP/s for MFU (the Trainer multiplies it by the world size).
+            None: the datasheet dense peak of the GPU for the AMP dtype (an unknown GPU: no MFU),
+            or on the CPU a GEMM peak measured once per machine and cached under
+            ``$SAMPAN_HOME/cache/hardware`` (see ``sampan.utils.hardware``). 0 turns MFU off. The
+            peak never moves during a run, so MFU over 100% (a wrong FLOP count or peak) shows.
         overwrite_output_dir: when not resuming, delete an earlier run's checkpoints, metrics and
             TensorBoard events in ``output_dir`` first; when False such leftovers are an error
             (so two runs never mix, and "auto" never resumes someone else's run).
@@ -169,27 +172,6 @@ class TrainingArguments:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
 
-def load_yaml(text: str) -> Any:
-    """``yaml.safe_load`` that also reads ``3e-4`` as a float.
-
-    PyYAML follows YAML 1.1, whose float pattern needs a dot (``3.0e-4``); YAML 1.2 and every
-    user expect ``3e-4`` to be a number, not the string "3e-4".
-    """
-    import re
-
-    import yaml
-
-    class Loader(yaml.SafeLoader):
-        pass
-
-    Loader.add_implicit_resolver(
-        "tag:yaml.org,2002:float",
-        re.compile(r"^[-+]?(?:\d[\d_]*)?(?:\.\d*)?[eE][-+]?\d+$|^[-+]?\d[\d_]*\.\d*$|^[-+]?\.\d+$"),
-        list("-+0123456789."),
-    )
-    return yaml.load(text, Loader=Loader)  # noqa: S506 - a SafeLoader subclass
-
-
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """Read a TOML (``.toml``) or YAML (``.yaml`` / ``.yml``) file into a dict."""
     path = Path(path)
@@ -204,6 +186,8 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
             import tomli as tomllib
         data = tomllib.loads(text)
     elif suffix in (".yaml", ".yml"):
+        from sampan.utils.settings import load_yaml
+
         data = load_yaml(text) or {}
     else:
         raise ValueError(f"config file {path} must end in .toml, .yaml or .yml")
