@@ -123,7 +123,7 @@ def test_the_table_names_every_package_and_docs_show_it():
     ("store/models.py", "\nfrom sampan.hub.recipes import RECIPES\n"),
     ("text/tokenizer.py", "\ndef _late():\n    from sampan.trainer import Trainer\n"),
     ("nn/layer.py", "\ndef _late():\n    import sampan.distributed.fleet\n"),
-    ("store/paths.py", "\nfrom ..finetune import base\n"),
+    ("utils/paths.py", "\nfrom ..finetune import base\n"),
 ])
 def test_a_planted_upward_import_is_caught(tmp_path, planted):
     """The checker itself: a copy of the package with one import going up fails it, naming the line."""

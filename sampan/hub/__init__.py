@@ -18,7 +18,7 @@ from typing import Any
 
 from sampan.hub.module import MODULES, Module
 from sampan.store.models import ModelCard, ModelNotFoundError, list_models, resolve
-from sampan.store.paths import home
+from sampan.utils.paths import home
 
 
 def list() -> dict[str, Any]:  # noqa: A001 - PaddleHub's name, kept on purpose

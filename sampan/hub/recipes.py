@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from sampan.store.models import CARD_NAME, ModelCard, resolve
-from sampan.store.paths import home, user_models_dir
 from sampan.utils.names import did_you_mean
+from sampan.utils.paths import home, user_models_dir
 from sampan.utils.settings import coerce, split_assignment
 
 

@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from sampan.store.paths import cache_dir
+from sampan.utils.paths import cache_dir
 
 
 def sha256_of(path: Path) -> str:

@@ -1,6 +1,6 @@
 """``sampan.store``: where things live on disk, below every other layer.
 
-- ``sampan.store.paths``: ``home()``, ``cache_dir()``, ``user_models_dir()``.
+- ``sampan.utils.paths``: ``home()``, ``cache_dir()``, ``user_models_dir()``.
 - ``sampan.store.models``: the model store (``resolve``, ``list_models``, ``model_file``,
   ``ModelCard``, ``ModelNotFoundError``).
 

@@ -1,4 +1,4 @@
-"""The local model store (imports only ``sampan.store.paths`` and ``sampan.utils``): named model directories, shipped in the package or built under ``$SAMPAN_HOME``.
+"""The local model store (imports only ``sampan.utils``): named model directories, shipped in the package or built under ``$SAMPAN_HOME``.
 
 A stored model is a directory holding ``config.json`` + ``model.safetensors`` (written by
 ``save_pretrained``; shipped models are fp16 to keep the package small) or, for a task model kept
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sampan.store.paths import user_models_dir
+from sampan.utils.paths import user_models_dir
 
 # The shipped models are package data under sampan/hub/models (where `sampan hub build` recipes
 # made them); only their files are read from there, nothing is imported.

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from sampan.store.models import model_file, resolve
-from sampan.store.paths import cache_dir
 from sampan.text.tokenizer import ChineseTokenizer
+from sampan.utils.paths import cache_dir
 
 # Files whose bytes define a stored model (the export depends on nothing else).
 _MODEL_FILES = ("config.json", "model.safetensors", "task.json", "adapter.safetensors", "features.json")

@@ -41,7 +41,7 @@ _POEM = re.compile(r"[\u4e00-\u9fff，。？！；：、]+")
 
 def poetry_dir() -> Path:
     """Where the fetched corpus lives: ``$SAMPAN_HOME/corpora/chinese-poetry-2.0.1``."""
-    from sampan.store.paths import home
+    from sampan.utils.paths import home
 
     return home() / "corpora" / f"{PACKAGE}-{VERSION}"
 
