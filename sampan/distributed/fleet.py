@@ -8,12 +8,17 @@
     optimizer = fleet.distributed_optimizer(optimizer)
     loss = model.train_batch(fleet.shard_batch(batch), optimizer)
 
+The optimizer may be built over the original model's parameters or over ``distributed_model``'s,
+and Paddle's other order (``fleet.init(is_collective=True)``, then
+``fleet.distributed_optimizer(optimizer, strategy=strategy)``) works too: ``Fleet`` states the rules.
+
 The state (strategy, topology) lives in a ``Fleet`` object; the module-level functions use a
 default one, as Paddle users expect. Code that wants two setups can make its own ``Fleet``.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -35,31 +40,141 @@ from sampan.nn.clip import ClipGradByGlobalNorm
 from sampan.nn.recompute import apply_recompute
 
 
+def default_strategy() -> DistributedStrategy:
+    """The strategy of a ``fleet.init`` given none: pure data parallel over every rank (Paddle's
+    default ``dp_degree`` is -1, the leftover ranks)."""
+    return DistributedStrategy(hybrid_configs={"dp_degree": -1})
+
+
+def _flat(strategy: DistributedStrategy, world_size: int) -> dict[str, Any]:
+    """``strategy`` as ``{"hybrid_configs.dp_degree": 2, ...}``, the degrees resolved for ``world_size``
+    (so ``dp_degree=-1`` and ``dp_degree=2`` on 2 ranks are the same layout)."""
+    out: dict[str, Any] = {}
+    for key, value in strategy.to_dict().items():
+        if isinstance(value, dict):
+            out.update({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            out[key] = value
+    out.setdefault("amp", None)
+    degrees = strategy.resolve_degrees(world_size)
+    for axis in ("dp", "sharding", "pp", "mp"):
+        out[f"hybrid_configs.{axis}_degree"] = degrees[axis]
+    return out
+
+
+def _differences(a: dict[str, Any], b: dict[str, Any], keys=None) -> list[str]:
+    """``["hybrid_configs.pp_degree 1 vs 2", ...]``: where two ``_flat`` strategies differ."""
+    return [f"{key} {a.get(key)!r} vs {b.get(key)!r}" for key in (keys if keys is not None else a)
+            if a.get(key) != b.get(key)]
+
+
 class Fleet:
-    """One hybrid-parallel setup: strategy, topology, and the parameter map of the wrapped model."""
+    """One hybrid-parallel setup: strategy, topology, and the parameter map of the wrapped model.
+
+    The order of the calls (Paddle's, both ways):
+
+    * ``init(is_collective=True, strategy=s)``: ``s`` is the strategy; the topology is built here.
+      A strategy given to ``distributed_optimizer`` as well must equal it (else a ValueError names
+      what differs).
+    * ``init(is_collective=True)`` with none: the strategy is :func:`default_strategy` (pure data
+      parallel) until ``distributed_optimizer(optimizer, strategy=s)`` gives one, which applies
+      from then on. That works while nothing was built from the default yet; once the topology was
+      read (``get_hybrid_communicate_group``, ``shard_batch``) or a model split under it, ``s`` must
+      describe the same layout, else a ValueError says to pass ``s`` to ``fleet.init``.
+    * ``distributed_model`` and ``distributed_optimizer`` in either order; the optimizer may be
+      built over the original model's parameters or over the distributed model's.
+    """
 
     def __init__(self) -> None:
         self.strategy: DistributedStrategy | None = None
-        self.hcg: HybridCommunicateGroup | None = None
-        self._param_map: dict[int, torch.Tensor] | None = None
+        self._hcg: HybridCommunicateGroup | None = None
+        # Where the strategy came from: "fleet.init", "distributed_optimizer", or None (the default).
+        self._strategy_from: str | None = None
+        self._model_split = False  # whether distributed_model has split a model under self.strategy
+        # id(original parameter) -> (a weak reference to it, its distributed replacement). The weak
+        # reference tells a live original from a new tensor that reuses a dead one's id.
+        self._param_map: dict[int, tuple[weakref.ref, torch.Tensor]] | None = None
+        self._pending: list[Any] = []  # optimizers given before distributed_model, rebound by it
 
     def init(self, is_collective: bool = True, strategy: DistributedStrategy | None = None) -> Fleet:
-        """Join the launcher's process group (or make a one-rank group) and build the topology."""
+        """Join the launcher's process group (or make a one-rank group); with a strategy, build the topology.
+
+        Without one, the strategy is :func:`default_strategy` (pure data parallel) unless
+        ``distributed_optimizer(optimizer, strategy=...)`` gives one before the topology is used.
+        Calling ``init`` again starts over.
+        """
         if not is_collective:
             raise ValueError("only collective training (is_collective=True) is supported; "
                              "parameter-server mode is not part of sampan")
+        if strategy is not None and not isinstance(strategy, DistributedStrategy):
+            raise TypeError(f"strategy must be a fleet.DistributedStrategy, got {type(strategy).__name__}")
         env.init_process_group()
-        self.strategy = strategy if strategy is not None else DistributedStrategy()
-        degrees = self.strategy.resolve_degrees(dist.get_world_size())
-        if self.strategy.tensor_parallel_configs.sequence_parallel and degrees["mp"] > 1 and degrees["pp"] > 1:
-            raise ValueError("sequence_parallel with pp_degree > 1 is not implemented yet; use it with mp and dp")
-        self.hcg = HybridCommunicateGroup(degrees, env.default_device_type())
+        self.__init__()
+        self.strategy = strategy if strategy is not None else default_strategy()
+        self._check(self.strategy)
+        if strategy is not None:
+            self._strategy_from = "fleet.init"
+            self._topology()
         return self
 
-    def _require_init(self) -> HybridCommunicateGroup:
-        if self.hcg is None or self.strategy is None:
+    def _check(self, strategy: DistributedStrategy) -> dict[str, int]:
+        degrees = strategy.resolve_degrees(dist.get_world_size())
+        if strategy.tensor_parallel_configs.sequence_parallel and degrees["mp"] > 1 and degrees["pp"] > 1:
+            raise ValueError("sequence_parallel with pp_degree > 1 is not implemented yet; use it with mp and dp")
+        return degrees
+
+    def _topology(self) -> HybridCommunicateGroup:
+        """The topology of the strategy in force, built on first use."""
+        if self.strategy is None:
             raise RuntimeError("call fleet.init(is_collective=True, strategy=...) first")
-        return self.hcg
+        if self._hcg is None:
+            self._hcg = HybridCommunicateGroup(self._check(self.strategy), env.default_device_type())
+        return self._hcg
+
+    @property
+    def hcg(self) -> HybridCommunicateGroup | None:
+        """The topology, or None before ``init``."""
+        return self._topology() if self.strategy is not None else None
+
+    def _require_init(self) -> HybridCommunicateGroup:
+        return self._topology()
+
+    def _take_strategy(self, strategy: DistributedStrategy) -> None:
+        """Apply the strategy given to ``distributed_optimizer`` (see the class docstring)."""
+        if not isinstance(strategy, DistributedStrategy):
+            raise TypeError(f"strategy must be a fleet.DistributedStrategy, got {type(strategy).__name__}")
+        if strategy is self.strategy:
+            return
+        world = dist.get_world_size()
+        self._check(strategy)
+        given, current = _flat(strategy, world), _flat(self.strategy, world)
+        if self._strategy_from is not None:
+            differ = _differences(current, given)
+            if differ:
+                first = "fleet.init" if self._strategy_from == "fleet.init" else "an earlier distributed_optimizer"
+                raise ValueError(
+                    f"{first} got one strategy and distributed_optimizer another; they differ in "
+                    f"{', '.join(differ)} (the first's vs the second's). Give the strategy once: to "
+                    "fleet.init(is_collective=True, strategy=strategy), or only to distributed_optimizer after "
+                    "a fleet.init without one")
+            return  # the same strategy, as another object
+        # No strategy yet: the given one applies, unless something was built from the default.
+        if self._model_split:
+            built, keys = "fleet.distributed_model already split the model", None
+        elif self._hcg is not None:
+            built = "the topology was already built (get_hybrid_communicate_group / shard_batch)"
+            keys = [f"hybrid_configs.{axis}_degree" for axis in ("dp", "sharding", "pp", "mp")]
+        else:
+            built, keys = None, []
+        differ = _differences(current, given, keys) if built else []
+        if differ:
+            raise ValueError(
+                f"{built} under the default strategy of a fleet.init without one (pure data parallel over "
+                f"{world} ranks), but distributed_optimizer got a strategy that differs in {', '.join(differ)} "
+                "(default vs given). Pass the strategy to fleet.init(is_collective=True, strategy=strategy), "
+                "before fleet.distributed_model")
+        self.strategy = strategy
+        self._strategy_from = "distributed_optimizer"
 
     def get_hybrid_communicate_group(self) -> HybridCommunicateGroup:
         return self._require_init()
@@ -88,7 +203,7 @@ class Fleet:
                                         num_kv_heads=getattr(config, "num_kv_heads", None))
         if degrees["pp"] > 1:
             return self._distributed_pipeline_model(model, tp_plan, pipeline_parts)
-        old = {id(p): name for name, p in model.named_parameters(remove_duplicate=False)}
+        old = {id(p): (weakref.ref(p), name) for name, p in model.named_parameters(remove_duplicate=False)}
         loss_parallel = False
         if degrees["mp"] > 1:
             plan = tp_plan if tp_plan is not None else _family_split(model, "tensor_parallel_plan")
@@ -111,7 +226,7 @@ class Fleet:
         if hcg.data_world_size > 1:
             apply_sharding(model, hcg.data_mesh(), strategy.sharding_configs.stage)
         new = dict(model.named_parameters(remove_duplicate=False))
-        self._param_map = {pid: new[name] for pid, name in old.items() if name in new}
+        self._set_param_map({pid: (ref, new[name]) for pid, (ref, name) in old.items() if name in new})
         return DistributedModel(model, hcg, strategy, loss_parallel)
 
     def _distributed_pipeline_model(self, model: nn.Module, tp_plan: dict[str, str] | None,
@@ -129,7 +244,7 @@ class Fleet:
         virtual = pipe.virtual_pp_degree
         stages = build_stage_modules(parts, hcg.get_stage_id(), degrees["pp"], virtual)
         names = StageNames.of(model, [m for _, m in stages])
-        old = {id(p): (k, name) for k, (_, m) in enumerate(stages) for name, p in m.named_parameters()}
+        old = {id(p): (weakref.ref(p), k, name) for k, (_, m) in enumerate(stages) for name, p in m.named_parameters()}
         plan = tp_plan if tp_plan is not None else _family_split(model, "tensor_parallel_plan")
         model_names = {id(m): name for name, m in model.named_modules(remove_duplicate=False)}
         for _, module in stages:
@@ -146,38 +261,69 @@ class Fleet:
             if hcg.data_world_size > 1:
                 apply_sharding(module, hcg.data_mesh(), strategy.sharding_configs.stage)
         news = [dict(m.named_parameters()) for _, m in stages]
-        self._param_map = {pid: news[k][name] for pid, (k, name) in old.items()}
-        tied_params = [self._param_map[pid] for pid in tied if pid in self._param_map]
+        param_map = {pid: news[k][name] for pid, (_, k, name) in old.items()}
+        tied_params = [param_map[pid] for pid in tied if pid in param_map]
         num_stages = degrees["pp"] * virtual
         for (index, _module), new in zip(stages, news, strict=True):
             if index == num_stages - 1:
                 for pid in tied:
-                    if pid in self._param_map and any(q is self._param_map[pid] for q in new.values()):
-                        self._param_map[pid]._sampan_pipeline_duplicate = True
+                    if pid in param_map and any(q is param_map[pid] for q in new.values()):
+                        param_map[pid]._sampan_pipeline_duplicate = True
         device = torch.device(env.default_device_type())
         runner = PipelineRunner(stages, num_stages, hcg.get_pipe_parallel_group(), pipe.schedule_mode,
                                 pipe.accumulate_steps, parts.loss, device)
         sync = TiedWeightSync(hcg.mesh, tied_params) if tied else None
+        self._set_param_map({pid: (old[pid][0], q) for pid, q in param_map.items()})
         return DistributedModel(model, hcg, strategy, loss_parallel=False, pipeline=runner, tied_sync=sync,
                                 stage_names=names)
 
+    def _set_param_map(self, param_map: dict[int, tuple[weakref.ref, torch.Tensor]]) -> None:
+        """Record how the model's parameters were replaced, and rebind the optimizers waiting for it."""
+        self._param_map = param_map
+        self._model_split = True
+        pending, self._pending = self._pending, []
+        for optimizer in pending:
+            self._rebind(optimizer)
+
     def distributed_optimizer(self, optimizer, strategy: DistributedStrategy | None = None):
-        """Point ``optimizer`` at the distributed parameters and make its clipping global across ranks."""
-        hcg = self._require_init()
-        if strategy is not None and strategy is not self.strategy:
-            raise ValueError("distributed_optimizer got a strategy different from fleet.init's; pass the same one")
+        """Point ``optimizer`` at the distributed parameters and make its clipping global across ranks.
+
+        ``optimizer`` may hold the original model's parameters (built before ``distributed_model``)
+        or the distributed model's (built after). Called before ``distributed_model``, the
+        optimizer is rebound when the model is split. ``strategy``: Paddle's second place for it,
+        for a ``fleet.init`` given none (see the class docstring for the rules).
+        """
+        if self.strategy is None:
+            raise RuntimeError("call fleet.init(is_collective=True, strategy=...) first")
+        if strategy is not None:
+            self._take_strategy(strategy)
+        hcg = self._topology()
         if self._param_map is None:
-            raise RuntimeError("call fleet.distributed_model(model) before fleet.distributed_optimizer(optimizer)")
-        param_map = self._param_map
-        if hcg.degrees["pp"] > 1:
-            # Other stages' parameters are not this rank's to update (or to hold state for).
-            optimizer.rebind_parameters(lambda p: param_map.get(id(p)))
+            self._pending.append(optimizer)
         else:
-            optimizer.rebind_parameters(lambda p: param_map.get(id(p), p))
+            self._rebind(optimizer)
         if isinstance(optimizer.grad_clip, ClipGradByGlobalNorm):
             pp_group = hcg.get_pipe_parallel_group() if hcg.degrees["pp"] > 1 else None
             optimizer.grad_clip = HybridClipGradByGlobalNorm(optimizer.grad_clip.clip_norm, pp_group)
         return optimizer
+
+    def _rebind(self, optimizer) -> None:
+        """Replace each parameter ``optimizer`` holds by its distributed counterpart."""
+        param_map = self._param_map
+        distributed = {id(q) for _, q in param_map.values()}
+        # With pp > 1, other stages' parameters are not this rank's to update (or to hold state
+        # for); without, a tensor that is no parameter of the model stays as it was.
+        keep_others = self._topology().degrees["pp"] == 1
+
+        def new_parameter(p: torch.Tensor) -> torch.Tensor | None:
+            if id(p) in distributed:  # already the distributed model's (the optimizer was built after)
+                return p
+            entry = param_map.get(id(p))
+            if entry is not None and entry[0]() is p:  # an original parameter (not a reused id)
+                return entry[1]
+            return p if keep_others else None
+
+        optimizer.rebind_parameters(new_parameter)
 
     def shard_batch(self, batch: dict[str, Any]) -> dict[str, Any]:
         """This rank's slice of a global batch: one of ``dp x sharding`` equal parts along dim 0."""
@@ -211,5 +357,5 @@ worker_index = _default.worker_index
 worker_num = _default.worker_num
 shard_batch = _default.shard_batch
 
-__all__ = ["DistributedStrategy", "Fleet", "PipelineParts", "distributed_model", "distributed_optimizer",
-           "get_hybrid_communicate_group", "init", "shard_batch", "worker_index", "worker_num"]
+__all__ = ["DistributedStrategy", "Fleet", "PipelineParts", "default_strategy", "distributed_model",
+           "distributed_optimizer", "get_hybrid_communicate_group", "init", "shard_batch", "worker_index", "worker_num"]
