@@ -152,7 +152,8 @@ def _cmd_launch(args: argparse.Namespace) -> int:
                                nproc_per_node=args.nproc_per_node, nnodes=args.nnodes, node_rank=args.node_rank,
                                rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
                                max_restarts=args.max_restarts, standalone=args.standalone, log_dir=args.log_dir,
-                               module=args.module, local_addr=args.local_addr))
+                               module=args.module, local_addr=args.local_addr, master_addr=args.master_addr,
+                               master_port=args.master_port))
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -497,7 +498,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:  sampan launch --nproc_per_node 2 train.py --lr 3e-4\n"
                "           sampan launch --nproc_per_node 2 --max_restarts 3 train.py   (restart on a failure)\n"
                "           sampan launch --nproc_per_node 8 --nnodes 2 --rdzv_endpoint node0:29400 train.py"
-               "   (on each node)",
+               "   (on each node)\n"
+               "           sampan launch --nproc_per_node 8 --nnodes 2 --node_rank 0 --master_addr node0 "
+               "--master_port 29500 train.py   (torchrun's static rendezvous; --node_rank 1 on the other node)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     launch.add_argument("--nproc_per_node", "--nproc-per-node", default="1", metavar="N",
                         help="ranks on this node: a positive count, or auto / cpu / gpu (default: 1)")
@@ -517,6 +520,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="one node, private rendezvous on a free port (the default for one node without "
                              "--rdzv_endpoint)")
     launch.add_argument("--log_dir", "--log-dir", default=None, help="directory for torchrun's per-worker logs")
+    launch.add_argument("--master_addr", "--master-addr", default=None, metavar="HOST",
+                        help="torchrun's: address of the static rendezvous's master, node 0 (default: 127.0.0.1; "
+                             "instead of --rdzv_endpoint; several nodes need it and --node_rank)")
+    launch.add_argument("--master_port", "--master-port", type=int, default=None, metavar="PORT",
+                        help="torchrun's: port of the static rendezvous's master (default: 29500 on several nodes; "
+                             "one node without it gets a private rendezvous on a free port)")
     launch.add_argument("--local_addr", "--local-addr", default=None, metavar="ADDR",
                         help="address the other nodes reach this node at (default: the one this node uses to "
                              "reach --rdzv_endpoint)")

@@ -750,19 +750,6 @@ def test_mfu_is_model_flops_over_peak(full_run):
         assert r["mfu"] == pytest.approx(flops_per_token * r["tokens_per_sec"] / 1e9, rel=1e-9)
 
 
-def test_mfu_stays_a_fraction_when_the_measured_peak_came_out_low(tmp_path, monkeypatch):
-    """A matmul timed while other processes share the cores can come out slower than training then
-    runs: the peak is raised to the rate reached (with a warning) instead of logging MFU > 100%."""
-    import sampan.trainer.trainer as trainer_module
-
-    monkeypatch.setattr(trainer_module, "measure_gemm_flops", lambda dtype: 1e3)  # 1 kFLOP/s: far too low
-    args = make_args(tmp_path, max_steps=3, logging_steps=1, peak_flops=None)
-    with pytest.warns(RuntimeWarning, match="above the .* peak measured at start"):
-        Trainer(tiny_gpt(), args, random_dataset()).train()
-    mfus = [r["mfu"] for r in read_records(args.output_dir)]
-    assert mfus[0] == pytest.approx(1.0) and all(0 < m <= 1.0 + 1e-9 for m in mfus), mfus
-
-
 def test_no_mfu_when_peak_flops_is_zero(tmp_path):
     args = make_args(tmp_path, max_steps=1, peak_flops=0)
     Trainer(tiny_gpt(), args, random_dataset()).train()

@@ -3,6 +3,7 @@
     sampan launch --nproc_per_node 2 train.py --lr 3e-4                     # one node
     sampan launch --nproc_per_node 2 --max_restarts 3 train.py             # restart the group on a failure
     sampan launch --nproc_per_node 8 --nnodes 2 --rdzv_endpoint HOST:29400 train.py   # on each node
+    sampan launch --nproc_per_node 8 --nnodes 2 --node_rank R --master_addr HOST --master_port 29500 train.py
     sampan launch --nproc_per_node 2 -m sampan.cli bench comm              # a module, as python -m
 
 A thin front over torch's elastic launcher (``torch.distributed.run``, i.e. torchrun). What sampan
@@ -13,6 +14,10 @@ adds on top:
 * ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` when ``max_restarts > 0``, without which elastic restart
   fails on gloo (see ``elastic_env``).
 * ``--standalone`` (a private rendezvous on a free local port) for one node with no endpoint given.
+* torchrun's ``--master_addr`` / ``--master_port`` with torchrun's meaning: the address and port of
+  the static rendezvous's master (node rank 0 hosts a TCP store there, and every worker sees them
+  as ``MASTER_ADDR`` / ``MASTER_PORT``). As in torchrun, the address defaults to 127.0.0.1, the
+  port to 29500 on several nodes, and one node given only an address gets the private rendezvous.
 * Errors for impossible input before any process starts.
 
 torchrun runs in this process (``torch.distributed.run.main(argv)``), not as ``python -m
@@ -65,9 +70,14 @@ class LaunchConfig:
             words: one per GPU if there are GPUs else one per CPU; one per CPU; one per GPU).
         nnodes: number of nodes, "M" or "MIN:MAX" for an elastic range.
         node_rank: this node's fixed rank; given, it selects torchrun's static rendezvous (ranks
-            fixed, master at ``rdzv_endpoint``), which cannot restart. None: the elastic c10d
-            rendezvous numbers the nodes itself.
+            fixed, master at ``rdzv_endpoint`` or ``master_addr:master_port``), which cannot
+            restart. None: the elastic c10d rendezvous numbers the nodes itself; on one node given
+            ``master_port``, node 0 (torchrun's default).
         rdzv_endpoint: HOST:PORT of the rendezvous (the c10d store, or the static master).
+        master_addr, master_port: torchrun's names for the static rendezvous's master, an
+            alternative to ``rdzv_endpoint`` (not together with it). A port, or an address on
+            several nodes, selects the static rendezvous; None: 127.0.0.1 and 29500, torchrun's
+            defaults. One node with only ``master_addr`` gets the private rendezvous, as in torchrun.
         rdzv_id: a job id shared by all nodes of one job (c10d rendezvous).
         max_restarts: how many times to restart the whole group after a worker fails.
         standalone: a private single-node rendezvous on a free port (the default for one node
@@ -91,6 +101,8 @@ class LaunchConfig:
     log_dir: str | None = None
     module: bool = False
     local_addr: str | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
 
     def validate(self) -> LaunchConfig:
         nproc = str(self.nproc_per_node)
@@ -107,20 +119,39 @@ class LaunchConfig:
             raise ValueError(f"--max_restarts must be >= 0, got {self.max_restarts}")
         if self.rdzv_endpoint is not None:
             parse_endpoint(self.rdzv_endpoint)
-        if self.standalone and (max_nodes > 1 or self.rdzv_endpoint or self.node_rank is not None):
+        master = self.master_addr is not None or self.master_port is not None
+        if self.master_port is not None and not 0 < self.master_port < 65536:
+            raise ValueError(f"--master_port must be in [1, 65535], got {self.master_port}")
+        if self.master_addr is not None and not self.master_addr.strip():
+            raise ValueError("--master_addr must be a host name or address (node 0's), got an empty string")
+        if master and self.rdzv_endpoint:
+            # torchrun would silently ignore --master_addr / --master_port here.
+            raise ValueError("--master_addr/--master_port and --rdzv_endpoint both name the rendezvous; give the "
+                             "rendezvous once: --master_addr/--master_port (static, torchrun's default) or "
+                             "--rdzv_endpoint HOST:PORT")
+        if self.standalone and (max_nodes > 1 or self.rdzv_endpoint or self.node_rank is not None or master):
             raise ValueError("--standalone is for one node with a private rendezvous; drop it, or drop "
-                             "--nnodes > 1 / --rdzv_endpoint / --node_rank")
-        if max_nodes > 1 and not self.rdzv_endpoint:
+                             "--nnodes > 1 / --rdzv_endpoint / --node_rank / --master_addr / --master_port")
+        if max_nodes > 1 and not self.rdzv_endpoint and not self.master_addr:
+            if self.master_port is not None:
+                raise ValueError(f"--nnodes {self.nnodes} with --master_port needs --master_addr, node 0's address, "
+                                 "the same on every node (torchrun's default 127.0.0.1 reaches no other node)")
             raise ValueError(f"--nnodes {self.nnodes} needs --rdzv_endpoint HOST:PORT, the same on every node "
-                             "(a host all nodes can reach, e.g. node 0's address)")
-        if self.node_rank is not None:
-            if not 0 <= self.node_rank < max_nodes:
+                             "(a host all nodes can reach, e.g. node 0's address), or torchrun's static "
+                             "--master_addr HOST [--master_port PORT] with --node_rank")
+        if max_nodes > 1 and self.master_addr and self.node_rank is None:
+            raise ValueError(f"--master_addr on --nnodes {self.nnodes} (static rendezvous) needs this node's "
+                             f"--node_rank: 0 on the master node, 1..{max_nodes - 1} on the others")
+        if self.uses_static:
+            flag = "--node_rank" if self.node_rank is not None else "--master_addr/--master_port"
+            if self.node_rank is not None and not 0 <= self.node_rank < max_nodes:
                 raise ValueError(f"--node_rank {self.node_rank} must be in [0, {max_nodes}) for --nnodes {self.nnodes}")
             if max_nodes > 1 and ":" in str(self.nnodes):
-                raise ValueError("--node_rank (static rendezvous) needs a fixed --nnodes M, not a range")
+                raise ValueError(f"{flag} (static rendezvous) needs a fixed --nnodes M, not a range")
             if self.max_restarts > 0:
-                raise ValueError("--node_rank selects the static rendezvous, which cannot restart a failed group; "
-                                 "drop --node_rank (the c10d rendezvous numbers nodes itself) or --max_restarts")
+                raise ValueError(f"{flag} selects the static rendezvous, which cannot restart a failed group; "
+                                 f"drop {flag} (the c10d rendezvous of --rdzv_endpoint, or one node's private "
+                                 "one, can) or --max_restarts")
         if self.module:
             try:
                 found = importlib.util.find_spec(self.script) is not None
@@ -136,13 +167,33 @@ class LaunchConfig:
     @property
     def use_standalone(self) -> bool:
         _, max_nodes = parse_nnodes(self.nnodes)
-        return self.standalone or (max_nodes == 1 and not self.rdzv_endpoint and self.node_rank is None)
+        # One node with a master address but no port: torchrun, too, falls back to a private
+        # rendezvous on a free port (torch.distributed.run.run), so the address does not matter.
+        return self.standalone or (max_nodes == 1 and not self.rdzv_endpoint and self.node_rank is None
+                                   and self.master_port is None)
+
+    @property
+    def uses_static(self) -> bool:
+        """Whether torchrun's static rendezvous runs (fixed node ranks, master at one address)."""
+        chosen = self.node_rank is not None or self.master_addr is not None or self.master_port is not None
+        return chosen and not self.use_standalone
+
+    def static_master(self) -> tuple[str, int]:
+        """HOST, PORT of the static rendezvous's master: ``rdzv_endpoint``, else the master flags
+        with torchrun's defaults (127.0.0.1, 29500)."""
+        if self.rdzv_endpoint:
+            return parse_endpoint(self.rdzv_endpoint)
+        return self.master_addr or "127.0.0.1", 29500 if self.master_port is None else self.master_port
 
     def node_address(self) -> str | None:
         """``local_addr``, or the address this node uses to reach the rendezvous (None if unknown)."""
-        if self.local_addr or not self.rdzv_endpoint:
+        if self.local_addr:
             return self.local_addr
-        return route_address(*parse_endpoint(self.rdzv_endpoint))
+        if self.rdzv_endpoint:
+            return route_address(*parse_endpoint(self.rdzv_endpoint))
+        if self.uses_static and self.master_addr:
+            return route_address(*self.static_master())
+        return None
 
     def torchrun_argv(self) -> list[str]:
         """The argument list for ``torch.distributed.run.main``."""
@@ -151,9 +202,9 @@ class LaunchConfig:
             argv.append("--standalone")
         else:
             argv.append(f"--nnodes={self.nnodes}")
-            if self.node_rank is not None:
-                host, port = parse_endpoint(self.rdzv_endpoint) if self.rdzv_endpoint else ("127.0.0.1", 29500)
-                argv += ["--rdzv_backend=static", f"--node_rank={self.node_rank}",
+            if self.uses_static:
+                host, port = self.static_master()
+                argv += ["--rdzv_backend=static", f"--node_rank={self.node_rank or 0}",
                          f"--master_addr={host}", f"--master_port={port}"]
             else:
                 argv += ["--rdzv_backend=c10d", f"--rdzv_endpoint={self.rdzv_endpoint}"]
@@ -274,6 +325,9 @@ def launch(config: LaunchConfig) -> int:
     """Run ``config`` under torchrun in this process; the exit code (0 when every rank succeeded)."""
     config.validate()
     add, notes = elastic_env(config, os.environ)
+    if config.master_addr is not None and config.use_standalone:
+        notes.append(f"--master_addr {config.master_addr} without --master_port on one node: a private rendezvous "
+                     "on a free port, as torchrun does (give --master_port to put the master at ADDR:PORT)")
     for note in notes:
         print(f"sampan launch: {note}", file=sys.stderr)
     from torch.distributed.elastic.multiprocessing.api import SignalException

@@ -45,6 +45,7 @@ from sampan.trainer.callbacks import (
 )
 from sampan.trainer.schedules import build_schedule
 from sampan.trainer.state import TrainerState
+from sampan.utils import hardware
 from sampan.utils.hardware import measure_gemm_flops, process_memory_mb
 from sampan.utils.loss_weights import loss_token_count
 
@@ -272,17 +273,20 @@ class Trainer:
             else:
                 path.unlink()
 
-    def _raise_measured_peak(self, achieved: float) -> None:
-        """Training just ran faster than the GEMM timed at start: that timing was slowed (other
-        processes on the same cores, a CPU still clocking up), so the peak is at least what training
-        reached. Raising it keeps MFU a fraction instead of a figure over 100%."""
-        if self.is_main and not getattr(self, "_warned_low_peak", False):
-            self._warned_low_peak = True
-            warnings.warn(f"MFU: training reached {achieved / 1e9:.1f} GFLOP/s, above the {self._peak_flops / 1e9:.1f} "
-                          "GFLOP/s peak measured at start (a matmul timed while other work shared the cores); "
-                          "the peak is raised to the rate reached. Pass TrainingArguments(peak_flops=...) with "
-                          "your hardware's real peak for a stable MFU", RuntimeWarning, stacklevel=3)
-        self._peak_flops = achieved
+    def _warn_mfu_over_one(self, achieved: float) -> None:
+        """MFU over 100% is not clamped (the peak never moves with the run): it means the model's
+        FLOP count or the peak is wrong, so say so once."""
+        if self.is_main and not getattr(self, "_warned_mfu_over_one", False):
+            self._warned_mfu_over_one = True
+            if self.args.peak_flops:
+                source = "TrainingArguments.peak_flops"
+            elif self.device.type == "cpu":
+                source = f"the CPU GEMM peak cached in {hardware.cpu_peak_cache_path()} (delete it to measure again)"
+            else:
+                source = "the device's datasheet peak"
+            warnings.warn(f"MFU above 100%: training reached {achieved / 1e9:.1f} GFLOP/s against a peak of "
+                          f"{self._peak_flops / 1e9:.1f} GFLOP/s from {source}; the model's FLOP count or that "
+                          "peak is wrong", RuntimeWarning, stacklevel=3)
 
     @staticmethod
     def _warn_if_bf16_is_emulated() -> None:
@@ -324,9 +328,11 @@ class Trainer:
         if self.device.type == "cpu" and args.amp == "bf16":
             self._warn_if_bf16_is_emulated()
         if self._flops_per_token is not None and args.peak_flops != 0:
-            dtype = torch.bfloat16 if args.amp == "bf16" else torch.float32
-            self._peak_flops = args.peak_flops or measure_gemm_flops(dtype)
-            if self.fleet is not None:
+            # A fixed peak for the run (datasheet on a GPU, measured once per machine on the CPU);
+            # None (an unknown device) reports no MFU.
+            dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.amp, torch.float32)
+            self._peak_flops = args.peak_flops or hardware.device_peak_flops(self.device, dtype)
+            if self._peak_flops and self.fleet is not None:
                 self._peak_flops *= self.fleet.world_size  # MFU of the whole job
         for cb in self.callbacks:
             cb.on_train_begin(args, self.state)
@@ -459,8 +465,8 @@ class Trainer:
         }
         if self._peak_flops:
             achieved = window["flops"] / seconds
-            if achieved > self._peak_flops and self.args.peak_flops is None:
-                self._raise_measured_peak(achieved)
+            if achieved > self._peak_flops:
+                self._warn_mfu_over_one(achieved)
             metrics["mfu"] = achieved / self._peak_flops
         if self.scaler.is_enabled():
             metrics["loss_scale"] = self.scaler.get_scale()
