@@ -1,15 +1,25 @@
-"""Fuzz a real `sampan serve` process with >= 1,000 malformed requests (hypothesis).
+"""Fuzz a real `sampan serve` process with >= 1,000 malformed requests (hypothesis), and probe each
+size limit at the limit and one past it.
 
-Every answer must be a 4xx with the JSON error shape, the process must stay up, and afterwards
-``/healthz`` and a well-formed request must still work. Requests are malformed by construction
-(random bytes, random JSON, near-misses of the schema, wrong methods / content types / routes);
-any example that happens to be a valid request is discarded with ``assume`` so the check stays exact.
+Every malformed request belongs to one *kind*, and each kind has ONE status the server must answer
+(and the error codes it may carry, in the JSON error shape): a 413 where a 422 belongs, or a 400
+where a 415 belongs, fails. The process must stay up, and afterwards ``/healthz`` and a well-formed
+request must still work. Requests are malformed by construction (random bytes, random JSON,
+near-misses of the schema, wrong methods / content types / routes); any example that happens to be
+a valid request is discarded with ``assume`` so the check stays exact.
+
+The limits themselves are checked at the boundary: a request exactly at ``max_inputs_per_request``,
+``max_text_chars`` or ``max_body_bytes`` (by Content-Length and chunked) is answered 200, and one
+unit past it 413 - so an off-by-one (``>=`` for ``>``) in a limit check fails here
+(``python -m tests.mutants.run --only inputs-limit-off-by-one`` and the other ``*-off-by-one``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import string
+from collections.abc import Iterator
 from urllib.parse import quote
 
 import httpx
@@ -19,12 +29,21 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import sampan
+from sampan.serving.config import ServingConfig
 from sampan.serving.launcher import ServerProcess
 from sampan.static import InputSpec
 
 TASK = "sentiment_analysis"
-MAX_INPUTS, MAX_CHARS, MAX_BODY = 8, 64, 16_384
+# The limits the server runs with: ServingConfig fields, each passed as its `sampan serve` flag. Small,
+# so that the fuzz reaches them cheaply; the boundary tests read them back from GET /v1/tasks.
+LIMITS = {"max_inputs_per_request": 8, "max_text_chars": 64, "max_body_bytes": 16_384}
+MAX_INPUTS, MAX_CHARS, MAX_BODY = (LIMITS[k] for k in ("max_inputs_per_request", "max_text_chars",
+                                                        "max_body_bytes"))
 EXAMPLES = 1_100  # >= 1,000 requests; about 15-30 s against the local server on 2 shared cores
+JSON_HEADERS = {"content-type": "application/json"}
+TASK_PATH, MODEL_PATH = f"/v1/tasks/{TASK}", "/v1/models/lin/predict"
+
+assert set(LIMITS) <= {f.name for f in dataclasses.fields(ServingConfig)}, "LIMITS names a non-existent setting"
 
 
 @pytest.fixture(scope="module")
@@ -35,10 +54,53 @@ def server(tmp_path_factory):
     folder = tmp_path_factory.getbasetemp() / "serving_tiny_model"
     if not (folder / "inference.json").is_file():
         sampan.jit.save(model, folder / "inference", input_spec=[InputSpec([None, 4], "float32", "x")])
-    args = ["--task", TASK, "--model-dir", f"lin={folder}", "--max-inputs-per-request", str(MAX_INPUTS),
-            "--max-text-chars", str(MAX_CHARS), "--max-body-bytes", str(MAX_BODY), "--log-level", "critical"]
+    args = ["--task", TASK, "--model-dir", f"lin={folder}", "--log-level", "critical"]
+    for name, value in LIMITS.items():
+        args += [f"--{name.replace('_', '-')}", str(value)]
     with ServerProcess(args) as proc:
         yield proc
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def limits(client) -> dict:
+    """The limits in force, as the server reports them (and they are the ones it was started with)."""
+    reported = client.get("/v1/tasks").json()["limits"]
+    assert {k: reported[k] for k in LIMITS} == LIMITS, reported
+    return reported
+
+
+def _send(client: httpx.Client, method: str, path: str, headers: dict, body: bytes,
+          chunked: bool = False) -> httpx.Response:
+    """One request; ``chunked`` streams ``body`` in 1 KiB pieces with no Content-Length."""
+    if not chunked:
+        return client.request(method, path, headers=headers, content=body)
+
+    def pieces() -> Iterator[bytes]:
+        for start in range(0, len(body), 1024):
+            yield body[start:start + 1024]
+
+    return client.request(method, path, headers=headers, content=pieces())
+
+
+def _error(response: httpx.Response) -> dict:
+    error = response.json()["error"]
+    assert set(error) == {"code", "message"}, error
+    assert isinstance(error["code"], str) and error["code"]
+    assert isinstance(error["message"], str) and error["message"]
+    return error
+
+
+def _padded(payload: object, size: int) -> bytes:
+    """``payload`` as JSON followed by spaces (still valid JSON) to exactly ``size`` bytes."""
+    raw = json.dumps(payload, ensure_ascii=False).encode()
+    assert len(raw) <= size, (len(raw), size)
+    return raw + b" " * (size - len(raw))
 
 
 # ------------------------------------------------------------------------------- what "valid" means
@@ -60,14 +122,17 @@ def _valid_task_body(body: object) -> bool:
     return True
 
 
-def _valid_model_body(body: object) -> bool:
+def _maybe_valid_model_body(body: object) -> bool:
+    """True for anything shaped like {"inputs": {"x": rows of 4 numbers}}, whatever the numbers: the
+    server takes booleans, and large finite floats, as numbers, so such a body may be accepted. The
+    fuzz sends only bodies for which this is False (certain 422s); NaN / Infinity / float32 overflow
+    and too many rows have kinds of their own."""
     if not isinstance(body, dict) or set(body) != {"inputs"} or not isinstance(body["inputs"], dict):
         return False
     if set(body["inputs"]) != {"x"} or not isinstance(body["inputs"]["x"], list) or not body["inputs"]["x"]:
         return False
-    rows = body["inputs"]["x"]
-    return all(isinstance(r, list) and len(r) == 4 and all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                                           and abs(v) < 1e30 for v in r) for r in rows)
+    return all(isinstance(r, list) and len(r) == 4 and all(isinstance(v, (int, float)) for v in r)
+               for r in body["inputs"]["x"])
 
 
 def _parses(raw: bytes) -> tuple[bool, object]:
@@ -81,108 +146,235 @@ def _parses(raw: bytes) -> tuple[bool, object]:
 
 _json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70),
                        st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=20))
+# Lists hold at most 5 items: random JSON never reaches the 8-input limit (413), only 422s.
 _json = st.recursive(_json_leaf, lambda inner: st.one_of(st.lists(inner, max_size=5),
                                                            st.dictionaries(st.text(max_size=8), inner, max_size=5)),
                      max_leaves=20)
 _text = st.text(max_size=12)
-_bad_text = st.one_of(st.just(""), st.sampled_from([" ", "\t\n", "\u3000"]), st.text(min_size=MAX_CHARS + 1,
-                                                                                     max_size=MAX_CHARS + 40))
-_bad_item = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.lists(_text, max_size=2),
-                      st.dictionaries(_text, _text, max_size=2), _bad_text)
+_good_texts = st.lists(st.text(alphabet="今天天气真好服务很差abc", min_size=1, max_size=5), max_size=3)
+_blank_text = st.sampled_from(["", " ", "\t\n", "\u3000", " \u2003 "])
+_long_text = st.text(min_size=MAX_CHARS + 1, max_size=MAX_CHARS + 40).filter(str.strip)
+_non_text_item = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.lists(_text, max_size=2),
+                           st.dictionaries(_text, _text, max_size=2))
+_good_row = st.lists(st.floats(-1e6, 1e6), min_size=4, max_size=4)
+
+
+def _model_body(rows: list) -> bytes:
+    return json.dumps({"inputs": {"x": rows}}).encode()
+
+
+def _with_item(draw, item: object) -> dict:
+    """{"inputs": [a few good texts with ``item`` at a random place]}."""
+    items = draw(_good_texts)
+    items.insert(draw(st.integers(0, len(items))), item)
+    return {"inputs": items}
+
+
+def _task(body: bytes, headers: dict | None = None) -> tuple[str, str, dict, bytes, bool]:
+    return "POST", TASK_PATH, JSON_HEADERS if headers is None else headers, body, False
+
+
+# kind -> (the one status, the error codes it may carry). Every kind below draws requests of its own.
+EXPECTED: dict[str, tuple[int, set[str]]] = {
+    "bytes": (400, {"invalid_json"}),                 # arbitrary bytes that are not JSON (or not UTF-8 at all)
+    "deep": (400, {"invalid_json"}),                  # unclosed nesting thousands deep (RecursionError)
+    "empty_body": (422, {"empty_body"}),
+    "json": (422, {"invalid_request", "empty_input"}),  # random JSON that is not a task request
+    "non_text_item": (422, {"invalid_request"}),      # a null / number / list / dict among the texts
+    "blank_item": (422, {"empty_input"}),             # an empty or whitespace-only text
+    "long_item": (413, {"text_too_long"}),            # one text over max_text_chars
+    "not_list": (422, {"invalid_request"}),           # "inputs" is a scalar or an object
+    "empty_list": (422, {"empty_input"}),             # "inputs": []
+    "too_many": (413, {"too_many_inputs"}),           # over max_inputs_per_request texts
+    "extra_key": (422, {"invalid_request"}),          # an unknown key next to "inputs"
+    "wrong_key": (422, {"invalid_request"}),          # "input", "Inputs", ... instead of "inputs"
+    "top": (422, {"invalid_request"}),                # a scalar or a list at the top level
+    "surrogate": (422, {"invalid_text"}),             # "\\udXXX": valid JSON, not valid text
+    "unknown_task": (404, {"unknown_task"}),
+    "unknown_model": (404, {"unknown_model"}),
+    "no_route": (404, {"not_found"}),
+    "model": (422, {"invalid_request", "wrong_inputs", "wrong_shape", "wrong_type", "empty_input"}),
+    "model_non_finite": (422, {"non_finite"}),        # NaN / Infinity (JSON extensions) in model input
+    "model_overflow": (422, {"out_of_range"}),        # finite, but too large for float32
+    "model_too_many_rows": (413, {"too_many_inputs"}),
+    "method": (405, {"method_not_allowed"}),
+    "content_type": (415, {"unsupported_media_type"}),
+    "no_content_type": (415, {"unsupported_media_type"}),
+    "too_big": (413, {"body_too_large"}),             # over max_body_bytes by Content-Length
+    "too_big_chunked": (413, {"body_too_large"}),     # over max_body_bytes, streamed without Content-Length
+}
 
 
 @st.composite
-def _task_near_miss(draw) -> object:
-    """Bodies shaped almost like {"inputs": [texts]} with one thing wrong."""
-    kind = draw(st.sampled_from(["bad_item", "not_list", "empty", "too_many", "extra_key", "wrong_key", "top"]))
-    good = draw(st.lists(st.text(alphabet="今天天气真好服务很差abc", min_size=1, max_size=5), max_size=3))
-    if kind == "bad_item":
-        items = [*good]
-        items.insert(draw(st.integers(0, len(items))), draw(_bad_item))
-        return {"inputs": items}
-    if kind == "not_list":
-        return {"inputs": draw(st.one_of(_json_leaf, st.dictionaries(_text, _text, max_size=3)))}
-    if kind == "empty":
-        return {"inputs": []}
-    if kind == "too_many":
-        return {"inputs": ["好"] * draw(st.integers(MAX_INPUTS + 1, MAX_INPUTS + 30))}
-    if kind == "extra_key":
-        return {"inputs": good or ["好"], draw(st.text(min_size=1, max_size=8).filter(lambda k: k != "inputs")):
-                draw(_json_leaf)}
-    if kind == "wrong_key":
-        return {draw(st.sampled_from(["input", "Inputs", "texts", "data", ""])): good or ["好"]}
-    return draw(st.one_of(_json_leaf, st.lists(_text, max_size=3)))
-
-
-@st.composite
-def requests(draw) -> tuple[str, str, dict, bytes]:
-    """(method, path, headers, body) that the service must refuse with a 4xx."""
-    json_headers = {"content-type": "application/json"}
-    task_path, model_path = f"/v1/tasks/{TASK}", "/v1/models/lin/predict"
-    kind = draw(st.sampled_from(["bytes", "json", "near_miss", "surrogate", "unknown_task", "model", "method",
-                                 "content_type", "too_big"]))
-    if kind == "bytes":  # arbitrary bytes, usually not JSON at all
-        raw = draw(st.binary(max_size=200))
-        ok, parsed = _parses(raw)
-        assume(not (ok and _valid_task_body(parsed)))
-        return "POST", task_path, json_headers, raw
+def requests(draw) -> tuple[str, tuple[str, str, dict, bytes, bool]]:
+    """(kind, (method, path, headers, body, chunked)): a request the service must refuse with
+    ``EXPECTED[kind]``."""
+    kind = draw(st.sampled_from(sorted(EXPECTED)))
+    ascii_json = draw(st.booleans())
+    if kind == "bytes":
+        raw = draw(st.binary(min_size=1, max_size=200))
+        assume(not _parses(raw)[0])
+        return kind, _task(raw)
+    if kind == "deep":  # a JSONDecodeError at the end, or a RecursionError before it: 400 either way
+        opener = draw(st.sampled_from(["[", '{"inputs": [', '{"a": ']))
+        return kind, _task(opener.encode() * draw(st.integers(1_200, MAX_BODY // len(opener))))
+    if kind == "empty_body":
+        return kind, _task(b"")
     if kind == "json":
         body = draw(_json)
         assume(not _valid_task_body(body))
-        return "POST", task_path, json_headers, json.dumps(body).encode()
-    if kind == "near_miss":
-        body = draw(_task_near_miss())
-        assume(not _valid_task_body(body))
-        return "POST", task_path, json_headers, json.dumps(body, ensure_ascii=draw(st.booleans())).encode()
-    if kind == "surrogate":  # a JSON escape for half a UTF-16 pair: valid JSON, not valid text
-        low = draw(st.integers(0xD800, 0xDFFF))
-        return "POST", task_path, json_headers, f'{{"inputs": ["好\\u{low:04x}"]}}'.encode()
+        return kind, _task(json.dumps(body).encode())
+    if kind in ("non_text_item", "blank_item", "long_item"):
+        item = draw({"non_text_item": _non_text_item, "blank_item": _blank_text, "long_item": _long_text}[kind])
+        return kind, _task(json.dumps(_with_item(draw, item), ensure_ascii=ascii_json).encode())
+    if kind == "not_list":
+        body = {"inputs": draw(st.one_of(_json_leaf, st.dictionaries(_text, _text, max_size=3)))}
+        return kind, _task(json.dumps(body, ensure_ascii=ascii_json).encode())
+    if kind == "empty_list":
+        return kind, _task(b'{"inputs": []}')
+    if kind == "too_many":
+        texts = ["好"] * draw(st.integers(MAX_INPUTS + 1, MAX_INPUTS + 30))
+        return kind, _task(json.dumps({"inputs": texts}, ensure_ascii=ascii_json).encode())
+    if kind == "extra_key":
+        key = draw(st.text(min_size=1, max_size=8).filter(lambda k: k != "inputs"))
+        body = {"inputs": draw(_good_texts) or ["好"], key: draw(_json_leaf)}
+        return kind, _task(json.dumps(body, ensure_ascii=ascii_json).encode())
+    if kind == "wrong_key":
+        body = {draw(st.sampled_from(["input", "Inputs", "texts", "data", "", "inputs "])): ["好"]}
+        return kind, _task(json.dumps(body).encode())
+    if kind == "top":
+        return kind, _task(json.dumps(draw(st.one_of(_json_leaf, st.lists(_text, max_size=3)))).encode())
+    if kind == "surrogate":
+        return kind, _task(f'{{"inputs": ["好\\u{draw(st.integers(0xD800, 0xDFFF)):04x}"]}}'.encode())
     if kind == "unknown_task":
         name = draw(st.text(alphabet=string.ascii_letters + string.digits + "_-.~中文", min_size=1, max_size=20))
         assume(name != TASK and name not in (".", ".."))
-        return "POST", f"/v1/tasks/{quote(name, safe='')}", json_headers, '{"inputs": ["今天天气真好"]}'.encode()
+        return kind, ("POST", f"/v1/tasks/{quote(name, safe='')}", JSON_HEADERS, '{"inputs": ["好"]}'.encode(), False)
+    if kind == "unknown_model":
+        name = draw(st.text(alphabet=string.ascii_letters + string.digits + "_-", min_size=1, max_size=12))
+        assume(name != "lin")
+        return kind, ("POST", f"/v1/models/{name}/predict", JSON_HEADERS, _model_body([[0, 0, 0, 0]]), False)
+    if kind == "no_route":
+        name = draw(st.text(alphabet=string.ascii_letters + string.digits + "_-/", max_size=20))
+        return kind, ("POST", f"/v2/{quote(name)}", JSON_HEADERS, '{"inputs": ["好"]}'.encode(), False)
     if kind == "model":
         body = draw(st.one_of(_json, st.fixed_dictionaries({"inputs": st.dictionaries(
             st.sampled_from(["x", "y", "input_ids"]), st.one_of(_json, st.lists(st.lists(
                 st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-(2**70), 2**70), _text),
                 max_size=6), max_size=3)), max_size=2)})))
-        assume(not _valid_model_body(body))
-        return "POST", model_path, json_headers, json.dumps(body).encode()
+        assume(not _maybe_valid_model_body(body))
+        return kind, ("POST", MODEL_PATH, JSON_HEADERS, json.dumps(body).encode(), False)
+    if kind in ("model_non_finite", "model_overflow"):
+        rows = draw(st.lists(_good_row, min_size=1, max_size=MAX_INPUTS))
+        if kind == "model_non_finite":
+            bad = draw(st.sampled_from([float("nan"), float("inf"), float("-inf")]))
+        else:
+            bad = draw(st.floats(3.5e38, 1e308)) * draw(st.sampled_from([1, -1]))
+        rows[draw(st.integers(0, len(rows) - 1))][draw(st.integers(0, 3))] = bad
+        return kind, ("POST", MODEL_PATH, JSON_HEADERS, _model_body(rows), False)
+    if kind == "model_too_many_rows":
+        rows = draw(st.lists(_good_row, min_size=MAX_INPUTS + 1, max_size=MAX_INPUTS + 20))
+        return kind, ("POST", MODEL_PATH, JSON_HEADERS, _model_body(rows), False)
     if kind == "method":
         method = draw(st.sampled_from(["GET", "PUT", "DELETE", "PATCH"]))
-        return method, draw(st.sampled_from([task_path, model_path])), json_headers, '{"inputs": ["好"]}'.encode()
+        return kind, (method, draw(st.sampled_from([TASK_PATH, MODEL_PATH])), JSON_HEADERS,
+                      '{"inputs": ["好"]}'.encode(), False)
     if kind == "content_type":
         ctype = draw(st.sampled_from(["text/plain", "application/x-www-form-urlencoded", "multipart/form-data",
-                                      "application/xml", "image/png"]))
-        return "POST", task_path, {"content-type": ctype}, '{"inputs": ["今天天气真好"]}'.encode()
-    size = draw(st.integers(MAX_BODY + 1, MAX_BODY * 4))  # too_big: over max_body_bytes
-    return "POST", task_path, json_headers, json.dumps({"inputs": ["好" * (size // 3)]}).encode()
+                                      "application/xml", "image/png", "text/json", "application/jsonl", "json"]))
+        return kind, _task('{"inputs": ["今天天气真好"]}'.encode(), {"content-type": ctype})
+    if kind == "no_content_type":
+        return kind, _task('{"inputs": ["今天天气真好"]}'.encode(), {})
+    # too_big / too_big_chunked: a valid request padded past max_body_bytes; only its size is wrong
+    body = _padded({"inputs": ["今天天气真好"]}, draw(st.integers(MAX_BODY + 1, MAX_BODY * 4)))
+    return kind, ("POST", TASK_PATH, JSON_HEADERS, body, kind == "too_big_chunked")
 
 
-def test_malformed_requests_all_get_a_json_4xx_and_the_server_survives(server):
-    sent: list[int] = []
-    with httpx.Client(base_url=server.url, timeout=30) as client:
+def test_malformed_requests_each_get_their_one_status_and_the_server_survives(server, client):
+    sent: dict[str, int] = {}
 
-        @settings(max_examples=EXAMPLES, deadline=None, database=None,
-                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
-                                         HealthCheck.data_too_large])
-        @given(request=requests())
-        def fuzz(request):
-            method, path, headers, body = request
-            response = client.request(method, path, headers=headers, content=body)
-            sent.append(response.status_code)
-            assert 400 <= response.status_code < 500, (method, path, body[:200], response.status_code, response.text)
-            error = response.json()["error"]
-            assert isinstance(error["code"], str) and error["code"]
-            assert isinstance(error["message"], str) and error["message"]
+    @settings(max_examples=EXAMPLES, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
+                                     HealthCheck.data_too_large])
+    @given(case=requests())
+    def fuzz(case):
+        kind, (method, path, headers, body, chunked) = case
+        response = _send(client, method, path, headers, body, chunked)
+        sent[kind] = sent.get(kind, 0) + 1
+        status, codes = EXPECTED[kind]
+        assert response.status_code == status, (kind, method, path, headers, body[:200], response.text[:300])
+        assert _error(response)["code"] in codes, (kind, body[:200], response.text[:300])
 
-        fuzz()
+    fuzz()
 
-        assert len(sent) >= 1_000, f"only {len(sent)} requests were sent"
-        assert server.alive(), server.log_text()[-3000:]
-        assert client.get("/healthz").json()["status"] == "ok"
-        good = client.post(f"/v1/tasks/{TASK}", json={"inputs": ["今天天气真好"]})
-        assert good.status_code == 200 and good.json()["outputs"][0]["label"] in ("positive", "negative")
-        # Every refusal was counted under its route template, none as a 5xx.
-        metrics = client.get("/metrics").text
-        assert 'status="5' not in metrics
+    assert sum(sent.values()) >= 1_000, f"only {sum(sent.values())} requests were sent"
+    assert set(sent) == set(EXPECTED), f"kinds never sent: {sorted(set(EXPECTED) - set(sent))}"
+    assert server.alive(), server.log_text()[-3000:]
+    assert client.get("/healthz").json()["status"] == "ok"
+    good = client.post(TASK_PATH, json={"inputs": ["今天天气真好"]})
+    assert good.status_code == 200 and good.json()["outputs"][0]["label"] in ("positive", "negative")
+    # Every refusal was counted under its route template, none as a 5xx.
+    metrics = client.get("/metrics").text
+    assert 'status="5' not in metrics
+
+
+# ------------------------------------------------------------------------- each limit at its boundary
+
+# id -> (status, error code or None for a 200). Each "-at-limit" case sits exactly on a limit, and the
+# "-one-over" case next to it one unit past it.
+BOUNDARY: dict[str, tuple[int, str | None]] = {
+    "inputs-at-limit": (200, None),
+    "inputs-one-over": (413, "too_many_inputs"),
+    "chars-at-limit": (200, None),
+    "chars-at-limit-astral": (200, None),  # characters are code points: 😀 is one (two UTF-16 units)
+    "chars-one-over": (413, "text_too_long"),
+    "chars-one-over-after-one-at": (413, "text_too_long"),
+    "inputs-and-chars-at-limit": (200, None),
+    "body-at-limit": (200, None),
+    "body-one-over": (413, "body_too_large"),
+    "body-at-limit-chunked": (200, None),
+    "body-one-over-chunked": (413, "body_too_large"),
+    "model-rows-at-limit": (200, None),
+    "model-rows-one-over": (413, "too_many_inputs"),
+}
+
+
+def _boundary_request(case: str, limits: dict) -> tuple[str, bytes, bool, int]:
+    """(path, body, chunked, results a 200 carries) for ``case``, from the limits the server reports."""
+    n_inputs, n_chars, n_bytes = (limits[k] for k in ("max_inputs_per_request", "max_text_chars",
+                                                      "max_body_bytes"))
+    over = int(case.endswith("-one-over") or case.endswith("-one-over-chunked"))
+    chunked = case.endswith("-chunked")
+    if case.startswith("inputs-and-chars"):
+        texts = ["好" * n_chars] * n_inputs
+    elif case.startswith("inputs-"):
+        texts = ["好"] * (n_inputs + over)
+    elif case == "chars-at-limit-astral":
+        texts = ["😀" * n_chars]
+    elif case == "chars-one-over-after-one-at":
+        texts = ["好" * n_chars, "好" * (n_chars + 1)]
+    elif case.startswith("chars-"):
+        texts = ["好" * (n_chars + over)]
+    elif case.startswith("body-"):
+        body = _padded({"inputs": ["今天天气真好"]}, n_bytes + over)
+        assert len(body) == n_bytes + over
+        return TASK_PATH, body, chunked, 1
+    else:  # model-rows-*
+        rows = [[0.5, -1.0, 0.0, 2.0]] * (n_inputs + over)
+        return MODEL_PATH, _model_body(rows), False, len(rows)
+    return TASK_PATH, json.dumps({"inputs": texts}, ensure_ascii=False).encode(), False, len(texts)
+
+
+@pytest.mark.parametrize("case", sorted(BOUNDARY))
+def test_each_limit_admits_its_value_and_refuses_one_more(client, limits, case):
+    path, body, chunked, results = _boundary_request(case, limits)
+    status, code = BOUNDARY[case]
+    response = _send(client, "POST", path, JSON_HEADERS, body, chunked)
+    assert response.status_code == status, (case, len(body), response.text[:300])
+    if code is not None:
+        assert _error(response)["code"] == code
+        assert str(limits[{"too_many_inputs": "max_inputs_per_request", "text_too_long": "max_text_chars",
+                           "body_too_large": "max_body_bytes"}[code]]) in _error(response)["message"]
+        return
+    outputs = response.json()["outputs"]
+    assert len(outputs["output_0"] if path == MODEL_PATH else outputs) == results

@@ -40,17 +40,32 @@ def error_bytes(code: str, message: str) -> bytes:
     return json.dumps(error_body(code, message), ensure_ascii=False).encode()
 
 
+# The detail of the 400 FastAPI raises when the body cannot be read as JSON for a reason other than
+# a JSONDecodeError (which arrives as a RequestValidationError instead).
+_BODY_PARSE_DETAIL = "There was an error parsing the body"
+
 _HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "body_too_large",
                415: "unsupported_media_type", 429: "too_many_requests", 503: "unavailable"}
+
+
+def _is_json_media_type(content_type: str) -> bool:
+    """FastAPI's rule for parsing a body as JSON: ``application/json`` or ``application/*+json``."""
+    maintype, _, subtype = content_type.split(";")[0].strip().lower().partition("/")
+    return maintype == "application" and (subtype == "json" or subtype.endswith("+json"))
 
 
 def _describe_validation(request: Request, err: RequestValidationError) -> tuple[int, str, str]:
     """(status, code, message) for a pydantic validation failure: 400 / 415 for a body that is not
     JSON, else 422 naming each field at fault."""
     content_type = request.headers.get("content-type", "")
-    if content_type and "json" not in content_type.split(";")[0].lower():
-        return 415, "unsupported_media_type", (f"Content-Type {content_type!r} is not JSON; send the body as "
-                                               "JSON with Content-Type: application/json")
+    body_missing = any(item.get("type") == "missing" and tuple(item.get("loc", ())) == ("body",)
+                       for item in err.errors())
+    # FastAPI parses the body only under a JSON media type; under any other (or none, a non-empty body)
+    # the schema error would blame the JSON itself ("Input should be a valid dictionary"): name the cause.
+    if not _is_json_media_type(content_type) and (content_type.strip() or not body_missing):
+        sent = (f"Content-Type {content_type!r} is not JSON" if content_type.strip()
+                else "the request has no Content-Type")
+        return 415, "unsupported_media_type", f"{sent}; send the body as JSON with Content-Type: application/json"
     problems = []
     for item in err.errors():
         if item.get("type") == "missing" and tuple(item.get("loc", ())) == ("body",):
@@ -86,6 +101,13 @@ def install_error_handlers(app: FastAPI) -> None:
                        "/openapi.json for the API")
         elif exc.status_code == 405:
             message = f"{request.method} is not allowed on {request.url.path}"
+        elif exc.status_code == 400 and exc.detail == _BODY_PARSE_DETAIL:
+            # FastAPI's answer when json.loads fails with something other than JSONDecodeError: bytes
+            # that are not UTF-8 / UTF-16 / UTF-32 (UnicodeDecodeError), nesting too deep (RecursionError).
+            cause = exc.__cause__
+            why = f"{type(cause).__name__}: {cause}" if cause is not None else "it cannot be decoded"
+            code, message = "invalid_json", (f"the request body is not valid JSON ({why[:200]}); send UTF-8 JSON, "
+                                             'e.g. {"inputs": ["今天天气真好"]} with Content-Type: application/json')
         else:
             message = str(exc.detail)
         return JSONResponse(error_body(code, message), status_code=exc.status_code, headers=exc.headers)
