@@ -31,11 +31,11 @@ from sampan.finetune import (
     tokenize_for_task,
     viterbi_bio,
 )
-from sampan.finetune.data import sentence_windows
 from sampan.models import create
 from sampan.models.ernie.config import ErnieConfig
 from sampan.text.corpus import load_corpus
 from sampan.text.tokenizer import PAD_ID, ChineseTokenizer
+from sampan.text.windows import sentence_windows
 
 HIDDEN, LAYERS = 32, 2
 NER_LABELS = bio_labels(["PER", "LOC", "ORG"])
@@ -110,7 +110,7 @@ def test_ner_splits_are_leak_free_by_document_and_text():
 def test_sentence_windows_keep_offsets_and_never_cut_an_entity():
     text = "江泽民主席在北京人民大会堂会见了客人。他说，中华人民共和国将继续发展；" + "很" * 30 + "好。"
     entities = [(0, 3, "PER"), (6, 8, "LOC"), (8, 13, "LOC"), (22, 29, "LOC")]
-    windows = sentence_windows(text, entities, max_chars=12)
+    windows = sentence_windows(text, 12, entities)
     assert all(0 < e - s <= 12 for s, e in windows)
     assert "".join(text[s:e] for s, e in windows) == text  # no blanks here, so windows tile the text
     for s, e in windows:

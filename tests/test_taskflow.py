@@ -114,9 +114,9 @@ def test_ner_tags_every_window_of_a_long_text(ner):
     for ent in out["entities"]:
         assert text[ent["start"]:ent["end"]] == ent["text"]
     # Each window is tagged as if it were a text of its own, its spans shifted to its start.
-    from sampan.taskflow.encoding import windows
+    from sampan.text.windows import sentence_windows
 
-    pieces = windows(text, ner.task.max_length - 2)
+    pieces = sentence_windows(text, ner.task.max_length - 2)
     assert len(pieces) >= 3 and pieces[-1][1] == len(text)
     expected = []
     for start, end in pieces:

@@ -27,7 +27,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         bio_labels,
         load_task_data,
         read_jsonl,
-        sentence_windows,
     )
     from sampan.finetune.encoding import Encoded, PadCollator, encode_examples, tokenize_for_task
     from sampan.finetune.evaluate import evaluate_examples, predict_logits
@@ -47,7 +46,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
 _SUBMODULES = {
     "adapter": ("AdaptedLinear", "BottleneckAdapter", "apply_adapters"),
     "config": ("DEFAULT_LORA_TARGETS", "METHODS", "TASKS", "FinetuneConfig"),
-    "data": ("TaskData", "TaskExample", "bio_labels", "load_task_data", "read_jsonl", "sentence_windows"),
+    "data": ("TaskData", "TaskExample", "bio_labels", "load_task_data", "read_jsonl"),
     "encoding": ("Encoded", "PadCollator", "encode_examples", "tokenize_for_task"),
     "evaluate": ("evaluate_examples", "predict_logits"),
     "lora": ("LoRAEmbedding", "LoRALinear", "apply_embedding_lora", "apply_lora", "merge_lora"),
@@ -104,7 +103,6 @@ __all__ = [
     "read_jsonl",
     "read_task_meta",
     "save_peft_adapter",
-    "sentence_windows",
     "span_f1",
     "tokenize_for_task",
     "viterbi_bio",

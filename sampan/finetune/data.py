@@ -24,6 +24,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from sampan.text.corpus.document import ENTITY_LABELS, held_out
+from sampan.text.windows import sentence_windows
 
 # The Taskflow's label names for the reviews' "pos" / "neg".
 SENTIMENT_NAMES = {"neg": "negative", "pos": "positive"}
@@ -83,51 +84,6 @@ def _text_hash(text: str) -> str:
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
-# -- sentences and windows ----------------------------------------------------------------------
-_SENTENCE = re.compile(r"[^。！？!?；;\n]*(?:[。！？!?；;]+[”’」』\"'）)]*|\n|$)")
-_SOFT_BREAKS = "，,、：: "
-
-
-def _inside_entity(pos: int, entities: Sequence[Span]) -> bool:
-    return any(s < pos < e for s, e, _ in entities)
-
-
-def sentence_windows(text: str, entities: Sequence[Span], max_chars: int) -> list[tuple[int, int]]:
-    """Cut ``text`` into sentences, and sentences longer than ``max_chars`` into windows.
-
-    Returns ``(start, end)`` character ranges that cover every non-blank sentence. A cut never falls
-    inside a gold entity when it can be avoided; a window prefers to end after a comma-like mark.
-    """
-    if max_chars < 1:
-        raise ValueError(f"max_chars must be >= 1, got {max_chars}")
-    cuts = [0]
-    for m in _SENTENCE.finditer(text):
-        if m.end() > cuts[-1] and not _inside_entity(m.end(), entities):
-            cuts.append(m.end())
-    if cuts[-1] != len(text):
-        cuts.append(len(text))
-    ranges = []
-    for start, end in zip(cuts, cuts[1:], strict=False):
-        while end - start > max_chars:
-            limit = start + max_chars
-            candidates = [p for p in range(limit, start, -1) if not _inside_entity(p, entities)]
-            soft = [p for p in candidates if text[p - 1] in _SOFT_BREAKS]
-            cut = soft[0] if soft and soft[0] > start + max_chars // 2 else (candidates[0] if candidates else limit)
-            ranges.append((start, cut))
-            start = cut
-        ranges.append((start, end))
-    out = []
-    for start, end in ranges:
-        # Trim blanks at both ends so a window never starts or ends with whitespace.
-        while start < end and text[start].isspace():
-            start += 1
-        while end > start and text[end - 1].isspace():
-            end -= 1
-        if end > start:
-            out.append((start, end))
-    return out
-
-
 def split_for_ner(doc_id: str, text: str, entities: Sequence[Span], max_chars: int) -> list[TaskExample]:
     """A document as sentence / window examples with their entities shifted to window offsets.
 
@@ -135,7 +91,7 @@ def split_for_ner(doc_id: str, text: str, entities: Sequence[Span], max_chars: i
     window holding its start, clipped to the window.
     """
     examples = []
-    for k, (start, end) in enumerate(sentence_windows(text, entities, max_chars)):
+    for k, (start, end) in enumerate(sentence_windows(text, max_chars, entities)):
         spans = tuple((max(s, start) - start, min(e, end) - start, t) for s, e, t in entities
                       if start <= s < end)
         examples.append(TaskExample(f"{doc_id}:{k}", text[start:end], None, spans, doc_id))

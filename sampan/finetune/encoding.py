@@ -16,7 +16,8 @@ import torch
 from sampan.finetune.data import TaskExample
 from sampan.finetune.tags import IGNORE, encode_bio
 from sampan.text.features import CharFeatures
-from sampan.text.tokenizer import PAD_ID, SEP_ID, ChineseTokenizer
+from sampan.text.tokenizer import PAD_ID, ChineseTokenizer
+from sampan.text.windows import encode_with_offsets
 
 
 @dataclasses.dataclass
@@ -29,20 +30,9 @@ class Encoded:
 
 
 def tokenize_for_task(tokenizer: ChineseTokenizer, texts: Sequence[str], max_length: int) -> list[Encoded]:
-    """Tokenize ``texts`` as ``[CLS] ... [SEP]`` cut to ``max_length`` tokens, with character offsets.
-
-    This is what a fine-tuned model saw in training; the Taskflow encodes its inputs the same way.
-    """
-    if max_length < 3:
-        raise ValueError(f"max_length must be >= 3, got {max_length}")
-    out = []
-    for enc in tokenizer.encode_batch(list(texts)):
-        ids, offsets = list(enc.ids), [tuple(o) for o in enc.offsets]
-        if len(ids) > max_length:
-            ids = ids[: max_length - 1] + [SEP_ID]
-            offsets = offsets[: max_length - 1] + [(0, 0)]
-        out.append(Encoded(ids, offsets))
-    return out
+    """Tokenize ``texts`` as ``[CLS] ... [SEP]`` cut to ``max_length`` tokens, with character offsets
+    (``sampan.text.windows.encode_with_offsets``, which the Taskflow encodes its inputs with too)."""
+    return [Encoded(ids, offsets) for ids, offsets, _ in encode_with_offsets(tokenizer, texts, max_length)]
 
 
 def encode_examples(tokenizer: ChineseTokenizer, examples: Sequence[TaskExample], task: str,

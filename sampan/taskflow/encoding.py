@@ -1,4 +1,5 @@
-"""Turning texts into the padded int64 arrays an exported ERNIE graph takes."""
+"""Turning texts into the padded int64 arrays an exported ERNIE graph takes (ids and offsets from
+``sampan.text.windows``, as in fine-tuning)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sampan.text.tokenizer import PAD_ID, ChineseTokenizer
+from sampan.text.windows import encode_with_offsets
 
 
 @dataclass
@@ -34,19 +36,15 @@ def encode_texts(tokenizer: ChineseTokenizer, texts: list[str], max_length: int,
     """Encode ``texts`` with ``[CLS] ... [SEP]``, truncated to ``max_length`` tokens, right-padded.
 
     A text longer than ``max_length`` is cut (its tail is not seen by the model) with a warning
-    naming it, rather than failing: callers that must see every character (NER, segmentation)
-    split texts into windows first (``windows``).
+    naming it, rather than failing: callers that must see every character (NER) split texts
+    into sentence windows first (``sampan.text.windows.sentence_windows``, the rule fine-tuning
+    cut the training texts by).
     """
-    encodings = tokenizer.encode_batch(texts)
     rows, offsets = [], []
-    for i, enc in enumerate(encodings):
-        ids, offs = list(enc.ids), list(enc.offsets)
-        if len(ids) > max_length:
-            if warn_truncation:
-                warnings.warn(f"text [{i}] has {len(ids) - 2} tokens; only the first {max_length - 2} are used "
-                              f"(max_length={max_length})", TruncationWarning, stacklevel=3)
-            ids = ids[: max_length - 1] + [ids[-1]]
-            offs = offs[: max_length - 1] + [(0, 0)]
+    for i, (ids, offs, tokens) in enumerate(encode_with_offsets(tokenizer, texts, max_length)):
+        if tokens > max_length and warn_truncation:
+            warnings.warn(f"text [{i}] has {tokens - 2} tokens; only the first {max_length - 2} are used "
+                          f"(max_length={max_length})", TruncationWarning, stacklevel=3)
         rows.append(ids)
         offsets.append(offs)
     width = max(len(r) for r in rows)
@@ -56,18 +54,3 @@ def encode_texts(tokenizer: ChineseTokenizer, texts: list[str], max_length: int,
         input_ids[i, : len(ids)] = ids
         mask[i, : len(ids)] = 1
     return EncodedBatch(input_ids, mask, offsets, [len(r) for r in rows])
-
-
-def windows(text: str, max_chars: int) -> list[tuple[int, int]]:
-    """Split ``text`` into ``(start, end)`` pieces of at most ``max_chars`` characters, cutting
-    after sentence punctuation where possible so an entity is rarely cut in two."""
-    pieces, start = [], 0
-    while start < len(text):
-        end = min(start + max_chars, len(text))
-        if end < len(text):
-            cut = max(text.rfind(p, start, end) for p in "。！？；，,.!?;\n")
-            if cut > start:
-                end = cut + 1
-        pieces.append((start, end))
-        start = end
-    return pieces

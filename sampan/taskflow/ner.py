@@ -11,8 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from sampan.taskflow.encoding import EncodedBatch, encode_texts, windows
+from sampan.taskflow.encoding import EncodedBatch, encode_texts
 from sampan.taskflow.task import Task
+from sampan.text.windows import sentence_windows
 
 
 @dataclass
@@ -42,7 +43,7 @@ class NER(Task):
         self.transitions = TagTransitions.from_task_meta(self.loaded.task_meta, self.labels)
 
     def _preprocess(self, texts: list[str]) -> _Windows:
-        pieces = [(i, s, e) for i, text in enumerate(texts) for s, e in windows(text, self.max_length - 2)]
+        pieces = [(i, s, e) for i, text in enumerate(texts) for s, e in sentence_windows(text, self.max_length - 2)]
         parts = [texts[i][s:e] for i, s, e in pieces]
         encoded = [encode_texts(self.loaded.tokenizer, parts[k: k + self.batch_size], self.max_length,
                                 warn_truncation=False) for k in range(0, len(parts), self.batch_size)]
