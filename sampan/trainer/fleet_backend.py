@@ -1,12 +1,15 @@
 """What changes in the ``Trainer`` when ``TrainingArguments.strategy`` is set: it trains on fleet.
 
 The Trainer keeps its loop (schedule, logging, evaluation cadence, non-finite guard, checkpoints);
-this class owns the parts that differ on a hybrid-parallel layout:
+``FleetBackend`` is its ``TrainingBackend`` on a hybrid-parallel layout (``LocalBackend`` in
+``backend.py`` is the one-process one, with the same interface) and owns what differs there:
 
 * the model and optimizer go through ``fleet.distributed_model`` / ``distributed_optimizer``;
 * each step's micro-batches run in one ``forward_backward`` (pipeline schedule or accumulation),
   which returns the global mean loss on every rank, so all ranks take the same skip decision;
 * clipping is by the global norm across every axis (``HybridClipGradByGlobalNorm``);
+* evaluation walks global batches (per-device size x data ranks), each rank running its share;
+* throughput and MFU are the whole job's (tokens x data ranks, peak x world size);
 * checkpoints are DCP shards under the model's own names plus the trainer state, with a manifest,
   so a run resumes at another layout (dp / mp / pp / sharding degrees) or in one process.
 
@@ -28,10 +31,14 @@ from torch import nn
 
 from sampan.checkpoint import capture_rng_state, load_checkpoint, restore_rng_state
 from sampan.checkpoint.discovery import checkpoint_dir_name
+from sampan.checkpoint.store import rotate_checkpoints
 from sampan.distributed.checkpoint import load_distributed, save_distributed
 from sampan.distributed.clip import HybridClipGradByGlobalNorm, global_grad_norm
 from sampan.distributed.fleet import Fleet
 from sampan.distributed.strategy import DistributedStrategy
+from sampan.io import DataLoader
+from sampan.trainer.backend import AutocastFn, LossFn, TrainingBackend, to_device
+from sampan.utils.loss_weights import loss_token_count
 
 TRAINER_STATE = "trainer_state"
 
@@ -73,27 +80,34 @@ def load_into_one_process(path: Path, model: nn.Module, optimizer) -> dict[str, 
     return saved
 
 
-class FleetBackend:
+class FleetBackend(TrainingBackend):
     """The model, optimizer and collectives of a Trainer running on a hybrid-parallel layout."""
 
     def __init__(self, args):
-        """Join the job's process group and build the topology (the model comes in ``wrap``)."""
+        """Join the job's process group and build the topology (the model comes in ``setup``)."""
+        super().__init__(args)
         self.strategy = strategy_for(args)
         self.fleet = Fleet().init(is_collective=True, strategy=self.strategy)
         self.hcg = self.fleet.get_hybrid_communicate_group()
         self._pp_group = self.hcg.get_pipe_parallel_group() if self.hcg.degrees["pp"] > 1 else None
         self.max_grad_norm = args.max_grad_norm
-        self.model: nn.Module | None = None
-        self.optimizer = None
+        self._warned_eval_tail = False
 
-    def wrap(self, model: nn.Module, optimizer) -> tuple[nn.Module, Any]:
-        """Split ``model`` by the strategy and point ``optimizer`` at the split parameters."""
+    def check_compute_metrics(self, compute_metrics) -> None:
+        if compute_metrics is not None:
+            raise ValueError("compute_metrics is not supported with a strategy yet (eval reports the loss only)")
+
+    def setup(self, model: nn.Module, schedule) -> None:
+        """Build the optimizer, split ``model`` by the strategy and point the optimizer at the split
+        parameters (fleet applies recompute itself, inside each stage, before sharding)."""
+        self._build_optimizer_and_scaler(model, schedule)
         config = getattr(model, "config", None)
         # How to build the unsplit model again (for save_pretrained): its class and a copy of its config.
         self._rebuild = (type(model), copy.deepcopy(config)) if hasattr(model, "save_pretrained") else None
         self.model = self.fleet.distributed_model(model)
-        self.optimizer = self.fleet.distributed_optimizer(optimizer)
-        return self.model, self.optimizer
+        self.optimizer = self.fleet.distributed_optimizer(self.optimizer)
+        # Splitting places the parameters on the mesh's device (a GPU under NCCL): batches follow them.
+        self.device = next((p.device for p in self.model.parameters()), self.device)
 
     # -- who this rank is ---------------------------------------------------------------------
     @property
@@ -120,25 +134,52 @@ class FleetBackend:
         dist.barrier()
 
     # -- one step ------------------------------------------------------------------------------
-    def forward_backward(self, micro: list[dict[str, Any]]) -> float:
-        """Run this rank's micro-batches of one step; the global mean loss, equal on every rank."""
-        if not all(isinstance(b, dict) for b in micro):
-            raise TypeError("with a strategy, batches must be dicts of tensors (input_ids, labels, ...)")
-        batch = {k: torch.cat([b[k] for b in micro]) if isinstance(micro[0][k], torch.Tensor) else micro[0][k]
-                 for k in micro[0]}
-        return float(self.model.forward_backward(batch))
+    def forward_backward(self, micro: list[dict[str, Any]], compute_loss: LossFn, autocast: AutocastFn) -> float:
+        """Run this rank's micro-batches of one step as one ``model.forward_backward`` (the pipeline
+        schedule or accumulation; ``compute_loss`` is not used); the global mean loss, equal on every rank."""
+        with autocast():
+            if not all(isinstance(b, dict) for b in micro):
+                raise TypeError("with a strategy, batches must be dicts of tensors (input_ids, labels, ...)")
+            batch = {k: torch.cat([b[k] for b in micro]) if isinstance(micro[0][k], torch.Tensor) else micro[0][k]
+                     for k in micro[0]}
+            return float(self.model.forward_backward(batch))
 
-    def clip(self) -> float:
+    def clip_gradients(self) -> float:
         """Clip to ``max_grad_norm`` by the norm over every axis (0: only measure); returns the norm."""
+        if self.scaler.is_enabled():  # never: strategy_for turns fp16 down
+            self.scaler.unscale_(self.optimizer)
         params = [p for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
         if self.max_grad_norm > 0:
             return float(HybridClipGradByGlobalNorm(self.max_grad_norm, self._pp_group)(params))
         return float(global_grad_norm(params, self._pp_group))
 
+    # -- evaluation ------------------------------------------------------------------------------
     @torch.no_grad()
-    def eval_loss(self, global_batch: dict[str, Any]) -> float:
-        """The mean loss of a global batch (every rank passes the same one; each runs its share)."""
-        return float(self.model.eval_batch(self.fleet.shard_batch(global_batch)))
+    def eval_loss(self, dataset, collate_fn, compute_loss: LossFn, autocast: AutocastFn,
+                  predict: bool = False) -> tuple[float, list[torch.Tensor], list[torch.Tensor]]:
+        """Mean eval loss on a hybrid-parallel layout: every rank walks the same global batches
+        (``per_device_eval_batch_size`` x data ranks) and runs its share; a last partial global
+        batch that cannot split evenly over the data ranks is left out (and said so). No
+        predictions (``check_compute_metrics`` turns ``compute_metrics`` down)."""
+        size = self.args.per_device_eval_batch_size * self.data_world_size
+        if len(dataset) < size:
+            raise ValueError(f"eval_dataset has {len(dataset)} samples, fewer than one global eval batch of {size} "
+                             "(per_device_eval_batch_size x data-parallel ranks); lower per_device_eval_batch_size")
+        if len(dataset) % size and self.is_main and not self._warned_eval_tail:
+            self._warned_eval_tail = True
+            warnings.warn(f"evaluation leaves out the last {len(dataset) % size} of {len(dataset)} samples (they do "
+                          f"not fill a global eval batch of {size})", stacklevel=3)
+        loader = DataLoader(dataset, batch_size=size, shuffle=False, drop_last=True, collate_fn=collate_fn)
+        total, count = 0.0, 0.0
+        for batch in loader:
+            batch = to_device(batch, self.device)
+            with autocast():
+                # Every rank passes the same global batch; each runs its share.
+                loss = float(self.model.eval_batch(self.fleet.shard_batch(batch)))
+            n = loss_token_count(self.model, batch)
+            total += loss * n
+            count += n
+        return total / max(count, 1.0), [], []
 
     # -- checkpoints ---------------------------------------------------------------------------
     def save_pretrained(self, checkpoint: Path, directory: Path) -> Path:
@@ -159,14 +200,20 @@ class FleetBackend:
         self.barrier()
         return directory
 
-    def save(self, output_dir: Path, step: int, trainer_state: dict[str, Any]) -> Path:
-        """Shards of every rank + rank 0's trainer state (with every rank's RNG) + manifest."""
+    def save(self, output_dir: Path, step: int, trainer_state: dict[str, Any],
+             save_total_limit: int | None = None) -> Path:
+        """Shards of every rank + rank 0's trainer state (with every rank's RNG) + manifest; rank 0
+        then rotates old checkpoints, and every rank waits for it."""
         rngs: list[Any] = [None] * self.world_size
         # Trusted: these objects come from this job's own ranks over its process group, not from disk.
         dist.all_gather_object(rngs, capture_rng_state())
         state = {**trainer_state, "rng": rngs, "world_size": self.world_size, "degrees": dict(self.hcg.degrees)}
-        return save_distributed(output_dir / checkpoint_dir_name(step), self.model, self.optimizer,
+        path = save_distributed(output_dir / checkpoint_dir_name(step), self.model, self.optimizer,
                                 components={TRAINER_STATE: state}, step=step)
+        if self.is_main and save_total_limit is not None:
+            rotate_checkpoints(output_dir, save_total_limit, keep=path)
+        self.barrier()
+        return path
 
     def load(self, path: Path) -> dict[str, Any]:
         """Load shards at this layout; returns the trainer state. RNG streams are restored per rank

@@ -6,6 +6,9 @@ step (skipped by the fp16 loss scaler on overflow), the LR schedule, then loggin
 checkpoints on their own cadences. A checkpoint holds everything the next step depends on (model,
 optimizer, schedule, loss scaler, RNG streams, data position, counters), so a run killed at any
 point and resumed from its last checkpoint continues bit for bit as if it had never stopped.
+
+Where the run happens (one process, or one rank of a hybrid-parallel job) is the ``backend``'s
+business (``backend.py``): the loop below is the same for every backend and never asks which.
 """
 
 from __future__ import annotations
@@ -23,20 +26,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from sampan.amp import GradScaler, auto_cast
-from sampan.checkpoint import (
-    capture_rng_state,
-    load_checkpoint,
-    resolve_resume,
-    restore_rng_state,
-    save_checkpoint,
-)
+from sampan.amp import auto_cast
+from sampan.checkpoint import resolve_resume
 from sampan.checkpoint.discovery import checkpoint_dir_name
-from sampan.checkpoint.store import rotate_checkpoints
 from sampan.io import DataLoader
-from sampan.nn.recompute import apply_recompute
-from sampan.optimizer import AdamW
 from sampan.trainer.arguments import TrainingArguments
+from sampan.trainer.backend import TrainingBackend, make_backend, to_device
 from sampan.trainer.callbacks import (
     MetricsJsonlCallback,
     ProgressCallback,
@@ -47,7 +42,6 @@ from sampan.trainer.schedules import build_schedule
 from sampan.trainer.state import TrainerState
 from sampan.utils import hardware
 from sampan.utils.hardware import measure_gemm_flops, process_memory_mb
-from sampan.utils.loss_weights import loss_token_count
 
 
 class EvalPrediction(NamedTuple):
@@ -55,16 +49,6 @@ class EvalPrediction(NamedTuple):
 
     predictions: torch.Tensor
     label_ids: torch.Tensor
-
-
-def _to_device(batch: Any, device: torch.device) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, dict):
-        return {k: _to_device(v, device) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_to_device(v, device) for v in batch)
-    return batch
 
 
 def _count_tokens(batch: Any) -> int:
@@ -91,6 +75,10 @@ class Trainer:
         compute_metrics: ``EvalPrediction -> dict`` of extra eval metrics (needs logits from
             ``model(**batch_without_labels)``).
         callbacks: extra ``TrainerCallback``s, after the built-in progress / jsonl / TensorBoard ones.
+
+    ``backend`` is where the run happens (``make_backend(args)``: a fleet rank when
+    ``args.strategy`` is set, else this process); ``model``, ``optimizer``, ``scaler`` and
+    ``device`` are the backend's, after it placed / wrapped the model.
     """
 
     def __init__(
@@ -112,16 +100,11 @@ class Trainer:
         self.data_collator = data_collator
         self.compute_metrics = compute_metrics
         self.output_dir = Path(args.output_dir)
-        # With a strategy the run is one rank of a hybrid-parallel job (see fleet_backend.py).
-        self.fleet = None
-        if args.strategy is not None:
-            from sampan.trainer.fleet_backend import FleetBackend  # torch.distributed costs seconds to import
-
-            self.fleet = FleetBackend(args)
-        if self.fleet is not None and compute_metrics is not None:
-            raise ValueError("compute_metrics is not supported with a strategy yet (eval reports the loss only)")
-        self.is_main = self.fleet is None or self.fleet.is_main
-        data_world = self.fleet.data_world_size if self.fleet is not None else 1
+        # With a strategy the run is one rank of a hybrid-parallel job (see backend.py, fleet_backend.py).
+        self.backend: TrainingBackend = make_backend(args)
+        self.backend.check_compute_metrics(compute_metrics)
+        self.is_main = self.backend.is_main
+        data_world = self.backend.data_world_size
         self.jsonl = MetricsJsonlCallback(self.output_dir)
         builtin: list[TrainerCallback] = []
         if self.is_main:  # one rank reports for the job
@@ -129,7 +112,6 @@ class Trainer:
             if args.tensorboard:
                 builtin.append(TensorBoardCallback(self.output_dir))
         self.callbacks = builtin + list(callbacks or [])
-        self.device = next((p.device for p in model.parameters()), torch.device("cpu"))
         self.state = TrainerState()
         if len(train_dataset) < args.per_device_train_batch_size * data_world:
             raise ValueError(f"train_dataset has {len(train_dataset)} samples, fewer than one batch of "
@@ -145,33 +127,24 @@ class Trainer:
             train_dataset, batch_size=args.per_device_train_batch_size, shuffle=True, drop_last=True,
             collate_fn=data_collator, num_workers=args.dataloader_num_workers,
             prefetch_factor=args.prefetch_factor, seed=args.seed, num_replicas=data_world,
-            rank=self.fleet.data_rank if self.fleet is not None else 0, lengths=lengths,
+            rank=self.backend.data_rank, lengths=lengths,
         )
         self.max_steps = args.max_steps if args.max_steps > 0 else max(1, math.ceil(
             args.num_train_epochs * len(self.train_loader) / args.gradient_accumulation_steps))
         self.state.max_steps = self.max_steps
         self.schedule = build_schedule(args, self.max_steps)
-        decay, no_decay = [], []
-        for param in model.parameters():
-            if param.requires_grad:
-                # Biases and norm scales are not decayed (decaying them only hurts).
-                (decay if param.dim() >= 2 else no_decay).append(param)
-        self.optimizer = AdamW(
-            learning_rate=self.schedule, beta1=args.adam_beta1, beta2=args.adam_beta2, epsilon=args.adam_epsilon,
-            weight_decay=args.weight_decay,
-            parameters=[{"params": decay}, {"params": no_decay, "weight_decay": 0.0}] if no_decay else decay,
-        )
-        self.scaler = GradScaler(self.device.type, enable=args.amp == "fp16")
         self._flops_per_token = getattr(getattr(model, "config", None), "flops_per_token", None)
-        if self.fleet is not None:
-            # fleet applies recompute itself, inside each stage, before sharding.
-            self.model, self.optimizer = self.fleet.wrap(model, self.optimizer)
-            # Splitting places the parameters on the mesh's device (a GPU under NCCL): batches follow them.
-            self.device = next((p.device for p in self.model.parameters()), self.device)
-        else:
-            apply_recompute(model, args.recompute)
+        self.backend.setup(model, self.schedule)  # the optimizer and loss scaler; recompute / splitting
+        self.model, self.optimizer = self.backend.model, self.backend.optimizer
+        self.scaler, self.device = self.backend.scaler, self.backend.device
         self._peak_flops: float | None = None
         self._last_lr = self.optimizer.get_lr()
+
+    @property
+    def fleet(self):
+        """The ``FleetBackend`` of a run with a strategy, else None. Kept for scripts that ask
+        whether to shut the process group down; the Trainer itself uses ``backend`` only."""
+        return None if self.args.strategy is None else self.backend
 
     # -- overridable pieces -------------------------------------------------------------------
     def compute_loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
@@ -194,28 +167,14 @@ class Trainer:
     # -- checkpoints --------------------------------------------------------------------------
     def save(self) -> Path:
         """Write a checkpoint of the current step (atomic; rotated by ``save_total_limit``)."""
-        trainer_state = {
+        trainer_state = {  # the backend adds the model, the optimizer and the RNG streams
             "state": self.state.to_dict(),
-            "rng": capture_rng_state(),
             "data": self.train_loader.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else {},
             "args": self.args.to_dict(),
         }
-        if self.fleet is not None:
-            del trainer_state["rng"]  # the fleet backend gathers every rank's
-            path = self.fleet.save(self.output_dir, self.state.global_step, trainer_state)
-            if self.is_main and self.args.save_total_limit is not None:
-                rotate_checkpoints(self.output_dir, self.args.save_total_limit, keep=path)
-            self.fleet.barrier()
-            for cb in self.callbacks:
-                cb.on_save(self.args, self.state, path)
-            return path
-        path = save_checkpoint(
-            self.output_dir, self.state.global_step,
-            {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-             "trainer_state": trainer_state},
-            save_total_limit=self.args.save_total_limit,
-        )
+        path = self.backend.save(self.output_dir, self.state.global_step, trainer_state,
+                                 save_total_limit=self.args.save_total_limit)
         for cb in self.callbacks:
             cb.on_save(self.args, self.state, path)
         return path
@@ -226,27 +185,14 @@ class Trainer:
         With a strategy every rank calls it; rank 0 rebuilds the unsplit model from the newest
         checkpoint of this run (``train()`` always ends with one) and writes it.
         """
-        if self.fleet is None:
-            return self.model.save_pretrained(directory)
         checkpoint = self.output_dir / checkpoint_dir_name(self.state.global_step)
-        return self.fleet.save_pretrained(checkpoint, Path(directory))
+        return self.backend.save_pretrained(checkpoint, directory)
 
     def _resume(self) -> Path | None:
         path = resolve_resume(self.output_dir, self.args.resume_from_checkpoint)
         if path is None:
             return None
-        if self.fleet is not None:
-            saved = self.fleet.load(path)
-        elif (path / ".metadata").is_file():  # DCP shards: a checkpoint of a run with a strategy
-            from sampan.trainer.fleet_backend import load_into_one_process
-
-            saved = load_into_one_process(path, self.model, self.optimizer)
-        else:
-            parts = load_checkpoint(path)
-            self.model.load_state_dict(parts["model"], strict=True)
-            self.optimizer.set_state_dict(parts["optimizer"])
-            saved = parts["trainer_state"]
-            restore_rng_state(saved["rng"])
+        saved = self.backend.load(path)  # model, optimizer, RNG streams
         self.state = TrainerState.from_dict(saved["state"])
         self.state.max_steps = self.max_steps
         if saved["scaler"] and self.scaler.is_enabled():
@@ -323,8 +269,7 @@ class Trainer:
                 print(f"resumed from {resumed} at step {self.state.global_step}")
         elif self.is_main:
             self._prepare_fresh_output_dir()
-        if self.fleet is not None:
-            self.fleet.barrier()  # no rank starts writing before rank 0 has cleared old runs away
+        self.backend.barrier()  # no rank starts writing before rank 0 has cleared old runs away
         if self.device.type == "cpu" and args.amp == "bf16":
             self._warn_if_bf16_is_emulated()
         if self._flops_per_token is not None and args.peak_flops != 0:
@@ -332,8 +277,8 @@ class Trainer:
             # None (an unknown device) reports no MFU.
             dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.amp, torch.float32)
             self._peak_flops = args.peak_flops or hardware.device_peak_flops(self.device, dtype)
-            if self._peak_flops and self.fleet is not None:
-                self._peak_flops *= self.fleet.world_size  # MFU of the whole job
+            if self._peak_flops:
+                self._peak_flops = self.backend.job_peak_flops(self._peak_flops)  # MFU of the whole job
         for cb in self.callbacks:
             cb.on_train_begin(args, self.state)
         batches = self._batches()
@@ -373,28 +318,22 @@ class Trainer:
         return self.state
 
     def _train_step(self, batches: Iterator[Any]) -> tuple[float, int, float, float | None]:
-        args, optimizer = self.args, self.optimizer
-        micro = [_to_device(next(batches), self.device) for _ in range(args.gradient_accumulation_steps)]
+        args, backend = self.args, self.backend
+        micro = [to_device(next(batches), self.device) for _ in range(args.gradient_accumulation_steps)]
         tokens, flops = 0, 0.0
         for batch in micro:
             n = _count_tokens(batch)
             tokens += n
             if self._flops_per_token is not None and isinstance(batch, dict) and "input_ids" in batch:
                 flops += self._flops_per_token(batch["input_ids"].shape[-1]) * n
-        if self.fleet is not None:
-            with self.autocast():
-                loss_value = self.fleet.forward_backward(micro)
-            # Every data rank saw as much as this one: report the job's throughput.
-            tokens *= self.fleet.data_world_size
-            flops *= self.fleet.data_world_size
-        else:
-            loss_value = self._forward_backward(micro)
+        loss_value = backend.forward_backward(micro, self.compute_loss, self.autocast)
+        tokens, flops = backend.job_totals(tokens, flops)  # report the job's throughput
         self.state.global_step += 1
-        self._last_lr = optimizer.get_lr()  # the rate this step uses, logged (the schedule moves on below)
+        self._last_lr = self.optimizer.get_lr()  # the rate this step uses, logged (the schedule moves on below)
         grad_norm = None
         if not math.isfinite(loss_value):
             # Skip the update: one bad batch must not poison the weights. Stop if it keeps happening.
-            optimizer.clear_grad(set_to_zero=False)
+            backend.zero_grad()
             self.state.skipped_steps += 1
             self.state.consecutive_nonfinite += 1
             if self.state.consecutive_nonfinite >= args.max_nonfinite_steps:
@@ -405,45 +344,13 @@ class Trainer:
                 )
             return loss_value, tokens, flops, None
         self.state.consecutive_nonfinite = 0
-        if self.scaler.is_enabled():
-            self.scaler.unscale_(optimizer)
-        if self.fleet is not None:
-            grad_norm = self.fleet.clip()
-        else:
-            params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-            norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm if args.max_grad_norm > 0 else math.inf)
-            grad_norm = float(norm)
-        if self.scaler.is_enabled():
-            scale = self.scaler.get_scale()
-            self.scaler.step(optimizer)
-            self.scaler.update()
-            stepped = self.scaler.get_scale() >= scale  # the scaler backs off only when it skipped
-        else:
-            optimizer.step()
-            stepped = True
-        if stepped:
+        grad_norm = backend.clip_gradients()  # fp16 unscale first
+        if backend.optimizer_step():
             self.schedule.step()
-        else:
+        else:  # the fp16 loss scaler skipped the update
             self.state.skipped_steps += 1
-        optimizer.clear_grad(set_to_zero=False)
+        backend.zero_grad()
         return loss_value, tokens, flops, grad_norm
-
-    def _forward_backward(self, micro: list[Any]) -> float:
-        """Forward and backward over one step's micro-batches in this process; the step's mean loss."""
-        model = self.model
-        # Each micro-batch's mean loss is weighted by its share of the step's loss terms, so the
-        # step equals one big batch even when micro-batches hold different numbers of labelled
-        # tokens (MLM masks, padding).
-        counts = [loss_token_count(model, batch) for batch in micro]
-        total_count = sum(counts)
-        weights = [c / total_count for c in counts] if total_count > 0 else [1.0 / len(micro)] * len(micro)
-        losses = []
-        for batch, weight in zip(micro, weights, strict=True):
-            with self.autocast():
-                loss = self.compute_loss(model, batch)
-            losses.append(loss.detach().float() * weight)
-            self.scaler.scale(loss * weight).backward()
-        return float(torch.stack(losses).sum())
 
     def _log(self, window: dict[str, Any], grad_norm: float | None) -> None:
         seconds = max(window["seconds"], 1e-9)
@@ -479,29 +386,9 @@ class Trainer:
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
         if dataset is None:
             raise ValueError("evaluate() needs an eval_dataset (pass one to Trainer or to evaluate)")
-        if self.fleet is not None:
-            return self._report_eval({"step": self.state.global_step, "eval_loss": self._fleet_eval_loss(dataset)})
-        loader = DataLoader(dataset, batch_size=self.args.per_device_eval_batch_size, shuffle=False,
-                            collate_fn=self.data_collator)
-        was_training = self.model.training
-        self.model.eval()
-        total, count, predictions, labels = 0.0, 0, [], []
-        try:
-            for batch in loader:
-                batch = _to_device(batch, self.device)
-                with self.autocast():
-                    loss = self.compute_loss(self.model, batch)
-                    if self.compute_metrics is not None and isinstance(batch, dict) and "labels" in batch:
-                        predictions.append(self.model(**{k: v for k, v in batch.items() if k != "labels"}).float())
-                        labels.append(batch["labels"])
-                # Weight each batch by what its mean loss averages over, so a short last batch counts
-                # for what it is.
-                n = loss_token_count(self.model, batch)
-                total += float(loss) * n
-                count += n
-        finally:
-            self.model.train(was_training)
-        metrics: dict[str, Any] = {"step": self.state.global_step, "eval_loss": total / max(count, 1)}
+        loss, predictions, labels = self.backend.eval_loss(
+            dataset, self.data_collator, self.compute_loss, self.autocast, predict=self.compute_metrics is not None)
+        metrics: dict[str, Any] = {"step": self.state.global_step, "eval_loss": loss}
         if self.compute_metrics is not None and predictions:
             extra = self.compute_metrics(EvalPrediction(torch.cat(predictions), torch.cat(labels)))
             metrics.update({f"eval_{k}" if not k.startswith("eval_") else k: v for k, v in extra.items()})
@@ -511,26 +398,3 @@ class Trainer:
         for cb in self.callbacks:
             cb.on_evaluate(self.args, self.state, metrics)
         return metrics
-
-    def _fleet_eval_loss(self, dataset) -> float:
-        """Mean eval loss on a hybrid-parallel layout: every rank walks the same global batches
-        (``per_device_eval_batch_size`` x data ranks) and runs its share; a last partial global
-        batch that cannot split evenly over the data ranks is left out (and said so)."""
-        size = self.args.per_device_eval_batch_size * self.fleet.data_world_size
-        if len(dataset) < size:
-            raise ValueError(f"eval_dataset has {len(dataset)} samples, fewer than one global eval batch of {size} "
-                             "(per_device_eval_batch_size x data-parallel ranks); lower per_device_eval_batch_size")
-        if len(dataset) % size and self.is_main and not getattr(self, "_warned_eval_tail", False):
-            self._warned_eval_tail = True
-            warnings.warn(f"evaluation leaves out the last {len(dataset) % size} of {len(dataset)} samples (they do "
-                          f"not fill a global eval batch of {size})", stacklevel=3)
-        loader = DataLoader(dataset, batch_size=size, shuffle=False, drop_last=True, collate_fn=self.data_collator)
-        total, count = 0.0, 0.0
-        for batch in loader:
-            batch = _to_device(batch, self.device)
-            with self.autocast():
-                loss = self.fleet.eval_loss(batch)
-            n = loss_token_count(self.model, batch)
-            total += loss * n
-            count += n
-        return total / max(count, 1.0)

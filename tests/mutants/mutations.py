@@ -77,9 +77,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "single-process-rng-not-restored",
         "issue 25 item 1: a single-process resume that does not restore the RNG",
-        "sampan/trainer/trainer.py",
-        '            restore_rng_state(saved["rng"])\n        self.state = TrainerState',
-        "            pass\n        self.state = TrainerState",
+        "sampan/trainer/backend.py",
+        '        restore_rng_state(saved["rng"])\n        return saved',
+        "        pass\n        return saved",
         ("tests/test_trainer_resume.py", "-k", "sigkill"),
     ),
     Mutation(
