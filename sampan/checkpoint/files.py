@@ -1,7 +1,7 @@
-"""Durable file primitives: write + flush + fsync, directory fsync, hashing, strict JSON, safe names.
+"""Durable file primitives: write + flush + fsync, hashing, strict JSON, safe names.
 
-A rename is only atomic *and durable* if the data was on disk before it and the directory entry
-after it, hence the fsyncs (DESIGN.md principle 6).
+The files written here go into a temporary directory that ``sampan.utils.atomic.atomic_dir``
+renames into place; the renames and directory fsyncs themselves live there (DESIGN.md principle 6).
 """
 
 from __future__ import annotations
@@ -10,10 +10,12 @@ import hashlib
 import json
 import os
 import re
-import shutil
-import uuid
 from pathlib import Path
 from typing import Any
+
+# Re-exported for sampan/distributed/checkpoint.py, which still imports it from here; the one
+# definition is sampan.utils.atomic's.
+from sampan.utils.atomic import fsync_dir as fsync_dir
 
 _CHUNK = 1 << 20
 # Plain file names only: the manifest is read from disk, so a name like "../x" must not reach open().
@@ -23,20 +25,6 @@ _SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")
 def is_safe_name(name: object) -> bool:
     """True for a plain file name: letters, digits, ``_ . -``, not hidden, no path separators or ``..``."""
     return isinstance(name, str) and _SAFE_NAME.fullmatch(name) is not None and ".." not in name
-
-
-def fsync_dir(path: Path) -> None:
-    """Make the directory's entries (files created or renamed in it) durable."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # Windows cannot open a directory; NTFS journals renames itself
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # some file systems (and tmpfs variants) refuse fsync on a directory
-        pass
-    finally:
-        os.close(fd)
 
 
 def write_synced(path: Path, data: bytes) -> None:
@@ -81,12 +69,3 @@ def _reject_constant(name: str) -> Any:
 def load_json(path: Path) -> Any:
     """Parse a file as strict JSON; raises ``ValueError`` (incl. UnicodeDecodeError) when it is not."""
     return json.loads(path.read_bytes().decode("utf-8"), parse_constant=_reject_constant)
-
-
-def remove_dir(path: Path, trash_prefix: str) -> None:
-    """Delete a directory so that a crash midway leaves no half-deleted dir under its real name:
-    rename it to a hidden trash name first (which the next save sweeps up), then delete."""
-    trash = path.parent / f"{trash_prefix}{path.name}-{uuid.uuid4().hex[:8]}"
-    os.rename(path, trash)
-    fsync_dir(path.parent)
-    shutil.rmtree(trash)

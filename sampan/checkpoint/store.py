@@ -15,10 +15,9 @@ half-written ``checkpoint-*`` dir: everything is written and fsynced inside a hi
 
 from __future__ import annotations
 
-import os
+import os  # noqa: F401  # tests fail a save by patching store.os.rename, the os.rename atomic_dir calls
 import re
 import shutil
-import tempfile
 import uuid
 import warnings
 from collections.abc import Iterable, Mapping
@@ -29,15 +28,7 @@ from safetensors.torch import load_file, save_file
 
 from sampan.checkpoint.discovery import checkpoint_dir_name, list_checkpoints
 from sampan.checkpoint.errors import CheckpointError
-from sampan.checkpoint.files import (
-    fsync_dir,
-    is_safe_name,
-    json_bytes,
-    load_json,
-    remove_dir,
-    sync_and_hash,
-    write_synced,
-)
+from sampan.checkpoint.files import is_safe_name, json_bytes, load_json, sync_and_hash, write_synced
 from sampan.checkpoint.manifest import (
     MANIFEST_NAME,
     TENSOR_SUFFIX,
@@ -47,6 +38,7 @@ from sampan.checkpoint.manifest import (
     read_manifest,
 )
 from sampan.checkpoint.state_codec import flatten_state, unflatten_state
+from sampan.utils.atomic import atomic_dir, move_into_place, remove_dir
 
 TMP_PREFIX = ".tmp-checkpoint-"
 # Where an existing checkpoint for the same step waits while the new one is renamed over it.
@@ -89,8 +81,10 @@ def save_checkpoint(
     out.mkdir(parents=True, exist_ok=True)
     _sweep_stale(out)
     final = out / checkpoint_dir_name(step)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{step:08d}-", dir=out))
-    try:
+    # The temporary dir's prefix and the aside name are ones _sweep_stale knows: a save killed midway
+    # is swept up by the next one, and an old checkpoint of the same step left aside is put back.
+    aside = out / f".replaced-{final.name}-{uuid.uuid4().hex[:8]}"
+    with atomic_dir(final, prefix=f"{TMP_PREFIX}{step:08d}-", aside=aside) as tmp:
         files: dict[str, dict[str, Any]] = {}
         # One component at a time, so only one component's CPU copies are in memory at once.
         for name, state in components.items():
@@ -107,11 +101,6 @@ def save_checkpoint(
             files[name] = sync_and_hash(tmp / name)
         # The manifest goes last: a directory holding one finished its save.
         write_synced(tmp / MANIFEST_NAME, json_bytes(build_manifest(step, list(components), files)))
-        fsync_dir(tmp)
-        _install(tmp, final)
-    except BaseException:  # KeyboardInterrupt too: leave nothing half-written behind
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     if save_total_limit is not None:
         rotate_checkpoints(out, save_total_limit, keep=final)
     return final
@@ -183,27 +172,9 @@ def _check_names(components: list[str], extra: list[str]) -> None:
             taken.update(files)
 
 
-def _install(tmp: Path, final: Path) -> None:
-    """Rename the finished ``tmp`` to ``final``, replacing an existing ``final`` safely."""
-    if not final.exists():
-        os.rename(tmp, final)
-        fsync_dir(final.parent)
-        return
-    # POSIX cannot rename a dir over a non-empty one, so move the old one aside first. If the process
-    # dies between the two renames, _sweep_stale moves the old one back on the next save.
-    old = final.parent / f".replaced-{final.name}-{uuid.uuid4().hex[:8]}"
-    os.rename(final, old)
-    try:
-        os.rename(tmp, final)
-    except BaseException:
-        os.rename(old, final)
-        raise
-    fsync_dir(final.parent)
-    shutil.rmtree(old)
-
-
 def _sweep_stale(out: Path) -> None:
-    """Remove what a crashed save or deletion left behind; restore a checkpoint set aside by _install."""
+    """Remove what a crashed save or deletion left behind; restore a checkpoint that a kill between
+    atomic_dir's two renames left set aside."""
     for entry in out.iterdir():
         if entry.name.startswith(TMP_PREFIX) and entry.is_dir():
             shutil.rmtree(entry)
@@ -214,8 +185,7 @@ def _sweep_stale(out: Path) -> None:
             if original.exists():
                 shutil.rmtree(entry)
             else:
-                os.rename(entry, original)
-                fsync_dir(out)
+                move_into_place(entry, original)
 
 
 def rotate_checkpoints(out: Path, limit: int, keep: Path) -> None:

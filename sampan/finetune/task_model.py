@@ -29,6 +29,7 @@ from sampan.finetune.base import HEAD_PREFIXES, HEADS, BaseModel, build_task_mod
 from sampan.finetune.lora import apply_embedding_lora, apply_lora, merge_lora
 from sampan.models.pretrained import CONFIG_NAME, WEIGHTS_NAME, load_safetensors, read_config
 from sampan.text.tokenizer import ChineseTokenizer
+from sampan.utils.atomic import atomic_write, move_into_place
 
 TASK_FILE = "task.json"
 ADAPTER_WEIGHTS = "adapter.safetensors"
@@ -91,9 +92,7 @@ def _method_args(meta: dict[str, Any]) -> dict[str, Any]:
 
 def write_json(path: Path, data: dict[str, Any], sort_keys: bool = True) -> None:
     """Write ``path`` whole or not at all (a temporary file renamed over it)."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False, sort_keys=sort_keys) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(data, indent=2, ensure_ascii=False, sort_keys=sort_keys) + "\n")
 
 
 def save_task_model(model: torch.nn.Module, out: Path, meta: dict[str, Any], base: BaseModel, save: str) -> None:
@@ -109,13 +108,10 @@ def save_task_model(model: torch.nn.Module, out: Path, meta: dict[str, Any], bas
     else:
         merge_lora(model)
         # save_pretrained replaces the directory it writes: write beside, then move the two files in.
-        tmp = Path(tempfile.mkdtemp(prefix=".model-", dir=out))
-        try:
-            model.save_pretrained(tmp / "model")
+        with tempfile.TemporaryDirectory(prefix=".model-", dir=out) as tmp:
+            model.save_pretrained(Path(tmp) / "model")
             for name in (CONFIG_NAME, WEIGHTS_NAME):
-                os.replace(tmp / "model" / name, out / name)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+                move_into_place(Path(tmp) / "model" / name, out / name)
     base.tokenizer.save(out / TOKENIZER_FILE)
     if base.feature_names:
         shutil.copyfile(base.directory / FEATURES_FILE, out / FEATURES_FILE)

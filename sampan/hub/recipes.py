@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sampan.store.models import CARD_NAME, ModelCard, resolve
+from sampan.utils.atomic import atomic_dir, atomic_path
 from sampan.utils.names import did_you_mean
 from sampan.utils.paths import home, user_models_dir
 from sampan.utils.settings import coerce, split_assignment
@@ -212,9 +213,8 @@ def _fp16_tensors(path: Path) -> None:
     from safetensors.torch import load_file, save_file
 
     tensors = {k: (v.half() if v.is_floating_point() else v) for k, v in load_file(str(path)).items()}
-    tmp = path.with_suffix(".tmp")
-    save_file(tensors, str(tmp))
-    tmp.replace(path)
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp))
 
 
 def build_ernie(settings: ErnieSettings, out: Path, log: Callable[[str], None]) -> dict[str, Any]:
@@ -431,11 +431,8 @@ def build(name: str, settings_pairs: list[str] | None = None, log: Callable[[str
     root = Path(out_root) if out_root is not None else user_models_dir()
     root.mkdir(parents=True, exist_ok=True)
     target = root / name
-    tmp = root / f".{name}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
     start = time.perf_counter()
-    try:
-        tmp.mkdir()
+    with atomic_dir(target) as tmp:
         metrics = recipe.build(settings, tmp, log)
         card = ModelCard(name=name, task=recipe.task, description=recipe.description, recipe=name,
                          base=getattr(settings, "base", None) if recipe.base else None,
@@ -445,12 +442,6 @@ def build(name: str, settings_pairs: list[str] | None = None, log: Callable[[str
         card.settings["build_seconds"] = round(time.perf_counter() - start, 1)
         (tmp / CARD_NAME).write_text(json.dumps(card.to_json(), ensure_ascii=False, indent=2) + "\n",
                                      encoding="utf-8")
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     log(f"hub: built {name} -> {target}")
     return target
 

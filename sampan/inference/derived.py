@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from sampan.utils.atomic import atomic_path
 from sampan.utils.paths import cache_dir
 
 
@@ -40,18 +40,6 @@ def writable(directory: Path) -> bool:
     return True
 
 
-def make_atomically(target: Path, make: Callable[[Path, Path], None], source: Path) -> None:
-    """Run ``make(source, work_file)`` in a private temporary directory beside ``target`` and move
-    the result to ``target``. ``make`` may write other scratch files in that directory."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
-    try:
-        make(source, work / target.name)
-        os.replace(work / target.name, target)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-
-
 def derived_path(source: Path, suffix: str, kind: str, make: Callable[[Path, Path], None], *,
                  remake: bool = False) -> Path:
     """The file derived from ``source`` by ``make``, made on first use.
@@ -64,10 +52,13 @@ def derived_path(source: Path, suffix: str, kind: str, make: Callable[[Path, Pat
     beside = source.with_name(source.name.removesuffix(".onnx") + suffix)
     if not remake and beside.is_file() and beside.stat().st_mtime >= source.stat().st_mtime:
         return beside
+    # atomic_path's file lies in a private directory, so make may write scratch files beside it.
     if writable(source.parent):
-        make_atomically(beside, make, source)
+        with atomic_path(beside) as work:
+            make(source, work)
         return beside
     cached = cache_dir(kind) / f"{sha256_of(source)}.onnx"
     if remake or not cached.is_file():
-        make_atomically(cached, make, source)
+        with atomic_path(cached) as work:
+            make(source, work)
     return cached

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from torch import nn
 
 from sampan.inference.config import MODEL_PREFIX
 from sampan.static import InputSpec
+from sampan.utils.atomic import atomic_dir
 
 
 def _describe_dims(directory: Path, meta: dict[str, Any]) -> None:
@@ -71,15 +71,6 @@ def _rename_outputs(directory: Path, meta: dict[str, Any], output_names: Sequenc
     onnx.save(model, str(onnx_path))
 
 
-def _fsync_tree(directory: Path) -> None:
-    for path in [*directory.iterdir(), directory]:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 def _check_target(out: Path, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"{out} exists and is not a directory; choose another output path")
@@ -112,9 +103,7 @@ def export_model(fn_or_layer: Callable | nn.Module, out_dir: str | os.PathLike[s
     for path in extras:
         if not path.is_file():
             raise FileNotFoundError(f"extra file {path} not found")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
+    with atomic_dir(out) as tmp:  # overwrite swaps the old directory out only once the new one is whole
         save(fn_or_layer, tmp / MODEL_PREFIX, input_spec=input_spec)
         json_path = tmp / f"{MODEL_PREFIX}.json"
         meta = json.loads(json_path.read_text(encoding="utf-8"))
@@ -126,16 +115,4 @@ def export_model(fn_or_layer: Callable | nn.Module, out_dir: str | os.PathLike[s
             shutil.copyfile(path, tmp / path.name)
         if verify is not None:
             verify(tmp)
-        _fsync_tree(tmp)
-        if out.exists():  # overwrite: swap through a backup so out_dir is never missing a file
-            backup = out.with_name(f".{out.name}.old")
-            shutil.rmtree(backup, ignore_errors=True)
-            out.rename(backup)
-            tmp.rename(out)
-            shutil.rmtree(backup)
-        else:
-            tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out

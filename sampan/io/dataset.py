@@ -11,6 +11,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from sampan.utils.atomic import atomic_open
+
 __all__ = ["ALLOWED_TOKEN_DTYPES", "Dataset", "TokenWindowDataset", "write_token_file"]
 
 # Token files hold ids as unsigned little-endian integers: uint16 covers vocabularies up to 65,536
@@ -182,20 +184,6 @@ def write_token_file(
             f"token id {bad} does not fit {np_dtype.name} (0..{limit}); use dtype='uint32' for large vocabularies"
         )
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            array.astype(np_dtype, copy=False).tofile(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    # fsync the directory so the rename itself survives a power loss.
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    with atomic_open(path, "wb") as f:
+        array.astype(np_dtype, copy=False).tofile(f)
     return path

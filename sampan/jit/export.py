@@ -23,6 +23,7 @@ from torch import nn
 
 from sampan.jit.static_function import StaticFunction
 from sampan.static import InputSpec
+from sampan.utils.atomic import atomic_write
 
 
 class _ExportModule(nn.Module):
@@ -175,9 +176,7 @@ def save(function_or_layer: Callable | nn.Module, path: str | os.PathLike[str],
         "files": {k: v.name for k, v in files.items()},
         "onnx_error": onnx_error,
     }
-    tmp = files["json"].with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(meta, indent=2) + "\n")
-    os.replace(tmp, files["json"])
+    atomic_write(files["json"], json.dumps(meta, indent=2) + "\n")
     return files
 
 

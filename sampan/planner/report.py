@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +9,7 @@ from sampan.planner.hardware import Hardware
 from sampan.planner.layout import Workload
 from sampan.planner.model_shape import ModelShape
 from sampan.planner.search import Plan, SearchResult
+from sampan.utils.atomic import atomic_write
 
 
 def _gb(nbytes: float) -> str:
@@ -193,16 +192,4 @@ def run_file_text(model: ModelShape, work: Workload, plan: Plan) -> str:
 
 def write_run_file(path: str | Path, text: str) -> Path:
     """Atomically write ``text`` (temp file + fsync + rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return atomic_write(path, text)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -30,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from sampan.checkpoint.files import fsync_dir, hash_file, json_bytes, load_json, remove_dir, write_synced
+from sampan.checkpoint.files import hash_file, json_bytes, load_json, write_synced
 from sampan.io import write_token_file
 from sampan.text.corpus import CORPORA, Document, load_corpus
 from sampan.text.features import CharFeatures
@@ -45,6 +44,7 @@ from sampan.text.spans import (
     tool_spans,
 )
 from sampan.text.tokenizer import CLS_ID, PAD_ID, SEP_ID, ChineseTokenizer
+from sampan.utils.atomic import atomic_dir
 
 FORMAT = "sampan-pretrain-data"
 FORMAT_VERSION = 1
@@ -302,11 +302,7 @@ def build_data(config: DataBuildConfig, log: Callable[[str], None] | None = None
                 raise ValueError(f"spans='gold' needs gold segmentation, which corpus {name!r} lacks; "
                                  "use --spans tools, or build it separately")
             splits[(name, split)] = docs
-    tmp = out.parent / f".{out.name}.building-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    try:
+    with atomic_dir(out) as tmp:
         if config.tokenizer:
             tokenizer = ChineseTokenizer.load(config.tokenizer)
         else:
@@ -339,15 +335,6 @@ def build_data(config: DataBuildConfig, log: Callable[[str], None] | None = None
         }
         manifest["config"]["corpora"] = list(config.corpora)
         write_synced(tmp / "manifest.json", json_bytes(manifest))
-        fsync_dir(tmp)
-        if out.exists():
-            remove_dir(out, ".trash-")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        os.rename(tmp, out)
-        fsync_dir(out.parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     log(f"data build: {total_chars:,} characters in {seconds:.1f} s "
         f"({total_chars / max(seconds, 1e-9):,.0f} chars/s) -> {out}")
     return manifest

@@ -13,6 +13,8 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
+from sampan.utils.atomic import atomic_write
+
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[EOS]")
 
 
@@ -62,10 +64,8 @@ class CharVocab:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the vocabulary as JSON (atomically: temp file, then rename)."""
-        path = Path(path)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # ranks of one job may save at once
-        tmp.write_text(json.dumps({"type": "char", "tokens": self.itos}, ensure_ascii=False), encoding="utf-8")
-        os.replace(tmp, path)
+        # Ranks of one job may save at once: each writes its own uniquely named temporary file.
+        atomic_write(path, json.dumps({"type": "char", "tokens": self.itos}, ensure_ascii=False))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> CharVocab:

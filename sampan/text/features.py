@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from sampan.utils.atomic import atomic_write
+
 if TYPE_CHECKING:  # torch loads in lookup(): the tokenizer and Taskflow import this module without it
     import torch
 
@@ -125,13 +127,9 @@ class CharFeatures:
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write ``features.json`` (atomically)."""
-        path = Path(path)
         data = {"type": "sampan-char-features", "pinyin_vocab": self.pinyin_vocab,
                 "radical_vocab": self.radical_vocab, "table": self.table.tolist()}
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps(data, ensure_ascii=False, separators=(",", ":")), encoding="utf-8")
-        os.replace(tmp, path)
-        return path
+        return atomic_write(path, json.dumps(data, ensure_ascii=False, separators=(",", ":")))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> CharFeatures:

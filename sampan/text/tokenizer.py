@@ -24,6 +24,8 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Encoding, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
+from sampan.utils.atomic import atomic_write
+
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(len(SPECIAL_TOKENS))
 CONTINUATION = "##"
@@ -148,15 +150,7 @@ class ChineseTokenizer:
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the tokenizer as Hugging Face ``tokenizer.json`` (atomically: temp file, then rename)."""
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        try:
-            tmp.write_text(self.to_json(), encoding="utf-8")
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        return path
+        return atomic_write(path, self.to_json())
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> ChineseTokenizer:

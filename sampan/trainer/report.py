@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from sampan.utils.atomic import atomic_path
+
 
 def read_metrics(output_dir: str | os.PathLike) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """``(train_records, eval_records)`` from ``output_dir/metrics.jsonl``."""
@@ -52,10 +54,9 @@ def plot_curves(output_dir: str | os.PathLike, out: str | os.PathLike | None = N
     ax_lr.set_title("learning rate")
     ax_lr.grid(alpha=0.3)
     fig.tight_layout()
-    tmp = out.with_name(out.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
+    with atomic_path(out) as tmp:  # tmp keeps out's name, so savefig picks the format from its suffix
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
-    os.replace(tmp, out)
     return out
 
 

@@ -26,6 +26,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from sampan.text.corpus.document import Document
+from sampan.utils.atomic import atomic_dir
 
 PACKAGE = "chinese-poetry"
 VERSION = "2.0.1"
@@ -63,18 +64,15 @@ def fetch_poetry(tarball: str | os.PathLike[str] | None = None, force: bool = Fa
         _verify(archive)
         start = time.perf_counter()
         poems = _read_poems(archive)
-        work = Path(tmp) / "corpus"
-        work.mkdir()
-        with (work / POEMS_FILE).open("w", encoding="utf-8") as out:
-            for poem in poems:
-                out.write(json.dumps(poem, ensure_ascii=False) + "\n")
-        manifest = {"source": f"npm {PACKAGE}@{VERSION}", "url": TARBALL_URL, "integrity": INTEGRITY,
-                    "license": "MIT (the chinese-poetry project)", "poems": len(poems),
-                    "characters": sum(len(p["text"]) for p in poems), "conversion": "opencc t2s"}
-        (work / "manifest.json").write_text(json.dumps(manifest, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(work, target)
+        with atomic_dir(target) as work:
+            with (work / POEMS_FILE).open("w", encoding="utf-8") as out:
+                for poem in poems:
+                    out.write(json.dumps(poem, ensure_ascii=False) + "\n")
+            manifest = {"source": f"npm {PACKAGE}@{VERSION}", "url": TARBALL_URL, "integrity": INTEGRITY,
+                        "license": "MIT (the chinese-poetry project)", "poems": len(poems),
+                        "characters": sum(len(p["text"]) for p in poems), "conversion": "opencc t2s"}
+            (work / "manifest.json").write_text(json.dumps(manifest, ensure_ascii=False, indent=2) + "\n",
+                                                encoding="utf-8")
     log(f"poetry: {manifest['poems']:,} Tang poems, {manifest['characters']:,} characters -> {target} "
         f"({time.perf_counter() - start:.1f} s to read and convert)")
     return target
