@@ -13,10 +13,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-# Re-exported for sampan/distributed/checkpoint.py, which still imports it from here; the one
-# definition is sampan.utils.atomic's.
-from sampan.utils.atomic import fsync_dir as fsync_dir
-
 _CHUNK = 1 << 20
 # Plain file names only: the manifest is read from disk, so a name like "../x" must not reach open().
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")

@@ -28,9 +28,10 @@ from safetensors.torch import save_file
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from sampan.checkpoint.files import fsync_dir, json_bytes, sync_and_hash, write_synced
+from sampan.checkpoint.files import json_bytes, sync_and_hash, write_synced
 from sampan.checkpoint.manifest import MANIFEST_NAME, build_manifest, component_files
 from sampan.checkpoint.state_codec import flatten_state
+from sampan.utils.atomic import fsync_dir, move_into_place, remove_dir
 
 EXTRA_FILE = "sampan_state.json"
 _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
@@ -126,9 +127,11 @@ def save_distributed(path: str | os.PathLike, model: nn.Module, optimizer=None,
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        shutil.rmtree(target, ignore_errors=True)
-        tmp.rename(target)
-        fsync_dir(target.parent)
+        # Every rank wrote into one directory name known to all, so this is atomic_dir's swap done
+        # by hand: the finished directory is renamed into place only once it is complete.
+        if target.exists():
+            remove_dir(target)
+        move_into_place(tmp, target)
     _barrier()
     return target
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from sampan.trainer.arguments import TrainingArguments
 from sampan.trainer.state import TrainerState
+from sampan.utils.atomic import atomic_write
 
 
 class TrainerCallback:
@@ -46,9 +47,7 @@ class MetricsJsonlCallback(TrainerCallback):
                     kept.append(line)
             except json.JSONDecodeError:
                 continue  # a line cut short by a kill
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-        os.replace(tmp, self.path)
+        atomic_write(self.path, "".join(line + "\n" for line in kept))
 
     def _append(self, record: dict[str, Any]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
