@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("taskflow",),
     ("serving",),
     ("hub",),
-    ("demo", "cli", "__init__"),
+    ("demo", "cli", "commands", "__init__"),
 ]
 LAYER_OF = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 

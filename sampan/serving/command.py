@@ -1,4 +1,4 @@
-"""``sampan serve``: arguments and the run function (imported lazily by ``sampan.cli``)."""
+"""``sampan serve``: arguments and the run function (imported lazily by ``sampan.commands.serve``)."""
 
 from __future__ import annotations
 

