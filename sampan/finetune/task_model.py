@@ -28,10 +28,10 @@ from sampan.finetune.adapter import apply_adapters
 from sampan.finetune.base import HEAD_PREFIXES, HEADS, BaseModel, build_task_model, load_base
 from sampan.finetune.lora import apply_embedding_lora, apply_lora, merge_lora
 from sampan.models.pretrained import CONFIG_NAME, WEIGHTS_NAME, load_safetensors, read_config
+from sampan.store.model_dir import TASK_FILE, ModelDir
 from sampan.text.tokenizer import ChineseTokenizer
 from sampan.utils.atomic import atomic_write, move_into_place
 
-TASK_FILE = "task.json"
 ADAPTER_WEIGHTS = "adapter.safetensors"
 TOKENIZER_FILE = "tokenizer.json"
 FEATURES_FILE = "features.json"
@@ -120,11 +120,11 @@ def save_task_model(model: torch.nn.Module, out: Path, meta: dict[str, Any], bas
 
 def read_task_meta(model_dir: str | os.PathLike) -> dict[str, Any]:
     """``task.json`` of a fine-tuned model directory, with a clear error when it is not one."""
-    path = Path(model_dir) / TASK_FILE
-    if not path.is_file():
+    directory = ModelDir(Path(model_dir))
+    meta, path = directory.task_meta, directory.task_file
+    if meta is None:
         raise FileNotFoundError(f"{path} not found: {model_dir} is not a fine-tuned model directory "
                                 "(`sampan finetune` writes task.json beside the weights)")
-    meta = json.loads(path.read_text(encoding="utf-8"))
     for key in ("task", "labels", "method"):
         if key not in meta:
             raise ValueError(f"{path} lacks {key!r}; re-run `sampan finetune` to rewrite it")
@@ -143,12 +143,9 @@ def load_task_model(model_dir: str | os.PathLike) -> tuple[torch.nn.Module, Chin
     task, labels, method = meta["task"], meta["labels"], meta["method"]
     if task not in HEADS:
         raise ValueError(f"{model_dir}/{TASK_FILE}: unknown task {task!r}")
-    if "base_model_dir" in meta:
-        base_dir = (model_dir / meta["base_model_dir"]).resolve()
-        if not base_dir.is_dir():
-            raise FileNotFoundError(f"{model_dir} is an adapter for the base model at {meta['base_model_dir']!r} "
-                                    f"(relative to it: {base_dir}), which is missing; ship the two directories "
-                                    "together or save with save='merged'")
+    base_of = ModelDir(model_dir).base  # a missing base is an error naming both directories
+    if base_of is not None:
+        base_dir = base_of.path
         base = load_base(str(base_dir))
         model, _ = build_task_model(base, task, len(labels), seed=0, max_length=meta.get("max_length", 3),
                                     overrides=meta.get("config_overrides"))

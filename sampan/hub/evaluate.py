@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from sampan.store.model_dir import TASK_FILE, ModelDir
 from sampan.store.models import CARD_NAME, resolve
 
 TASKS = ("sentiment_analysis", "ner")
@@ -60,8 +61,10 @@ def write_metrics(name: str, metrics: dict[str, Any]) -> Path:
     flat = {f"test_{k}": (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()
             if isinstance(v, (int, float))}
     card["metrics"] = {**{k: v for k, v in card["metrics"].items() if not k.startswith("test_")}, **flat}
-    task_path = directory / "task.json"
-    task = json.loads(task_path.read_text(encoding="utf-8"))
+    task_path = directory / TASK_FILE
+    task = ModelDir(directory).task_meta
+    if task is None:
+        raise FileNotFoundError(f"{task_path} not found: {directory} is not a fine-tuned model")
     task["metrics"] = metrics
     write_json(task_path, task)  # as the fine-tune wrote it (sorted keys)
     write_json(directory / CARD_NAME, card, sort_keys=False)  # as the recipe wrote it

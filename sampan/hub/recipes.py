@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sampan.store.model_dir import TASK_FILE, ModelDir
 from sampan.store.models import CARD_NAME, ModelCard, resolve
 from sampan.utils.atomic import atomic_dir, atomic_path
 from sampan.utils.names import did_you_mean
@@ -360,8 +361,10 @@ def _build_task(task: str, name: str) -> Callable[[TaskSettings, Path, Callable[
         for item in run_dir.iterdir():
             if item.is_file() and item.suffix in (".json", ".safetensors"):
                 shutil.copyfile(item, out / item.name)
-        meta_path = out / "task.json"
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        meta_path = out / TASK_FILE
+        meta = ModelDir(out).task_meta
+        if meta is None:
+            raise FileNotFoundError(f"the fine-tune wrote no {meta_path}")
         meta["base_model"] = settings.base  # the store name, not the builder's absolute path
         if "base_model_dir" in meta:  # the store keeps the base beside its task models
             meta["base_model_dir"] = f"../{settings.base}"

@@ -16,11 +16,11 @@ from torch import nn
 from sampan.inference.config import MODEL_PREFIX
 from sampan.inference.export import export_model
 from sampan.static import InputSpec
-from sampan.store.models import model_file
+from sampan.store.model_dir import TASK_FILE, ModelDir
 from sampan.text.features import FEATURE_NAMES, CharFeatures
 
 # Extra files of a model directory that travel with its export (tokenizer, task head, model config).
-COMPANION_FILES = ("tokenizer.json", "task.json", "config.json")
+COMPANION_FILES = ("tokenizer.json", TASK_FILE, "config.json")
 # Shapes the exported graph is run on before it is kept: other batch sizes and lengths than the
 # export's example (3 x 3), compared with the eager model.
 VERIFY_SHAPES = ((1, 5), (3, 17), (1, 17), (3, 5))
@@ -194,16 +194,16 @@ def export_model_dir(model_dir: str | os.PathLike[str], out_dir: str | os.PathLi
     """
     source = _model_source(model_dir)
     model = load_model_dir(source)
-    task_file = source / "task.json"
-    meta = json.loads(task_file.read_text(encoding="utf-8")) if task_file.is_file() else {}
-    if "base_model_dir" not in meta:  # the companions are all here: they travel verbatim
+    layout = ModelDir(source)
+    meta = layout.task_meta or {}
+    if not layout.is_adapter:  # the companions are all here: they travel verbatim
         extras = [source / name for name in COMPANION_FILES if (source / name).is_file()]
         return export_pretrained(model, out_dir, task=task or meta.get("task"), overwrite=overwrite,
                                  extra_files=tuple(extras), features=model_features(source))
-    extras = [path for path in (model_file(source, "tokenizer.json"), source / "config.json") if path and path.is_file()]
+    extras = [path for path in (layout.file("tokenizer.json"), source / "config.json") if path and path.is_file()]
     del meta["base_model_dir"]  # the graph holds the merged weights: no base travels with it
     with tempfile.TemporaryDirectory(prefix="sampan-export-") as tmp:
-        copy_of_task = Path(tmp) / "task.json"
+        copy_of_task = Path(tmp) / TASK_FILE
         copy_of_task.write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         return export_pretrained(model, out_dir, task=task or meta.get("task"), overwrite=overwrite,
                                  extra_files=(*extras, copy_of_task), features=model_features(source))
@@ -217,9 +217,8 @@ def load_model_dir(model_dir: str | os.PathLike[str]) -> nn.Module:
     ``from_pretrained`` (a merged fine-tune's ``task.json`` is not needed for that).
     """
     source = Path(model_dir)
-    task_file = source / "task.json"
-    meta = json.loads(task_file.read_text(encoding="utf-8")) if task_file.is_file() else {}
-    if "base_model_dir" in meta or meta.get("method") == "adapter":
+    layout = ModelDir(source)
+    if layout.is_adapter or (layout.task_meta or {}).get("method") == "adapter":
         from sampan.finetune import load_task_model
 
         model, _, _ = load_task_model(source)
@@ -232,7 +231,7 @@ def load_model_dir(model_dir: str | os.PathLike[str]) -> nn.Module:
 
 def model_features(model_dir: str | os.PathLike[str]) -> CharFeatures | None:
     """The ``features.json`` of a model directory, or of its base for an adapter layout; None if neither has one."""
-    found = model_file(model_dir, "features.json")
+    found = ModelDir(Path(model_dir)).file("features.json")
     return CharFeatures.load(found) if found else None
 
 

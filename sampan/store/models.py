@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sampan.store.model_dir import ModelDir
 from sampan.utils.paths import user_models_dir
 
 # The shipped models are package data under sampan/hub/models (where `sampan hub build` recipes
@@ -102,16 +103,8 @@ def resolve(name: str) -> Path:
 def model_file(directory: str | os.PathLike[str], name: str) -> Path | None:
     """File ``name`` of a model directory, or of its base when the directory is an adapter layout
     (``task.json``'s ``base_model_dir``: a delta over a base keeps no tokenizer, config or
-    features of its own); None when neither has it."""
-    directory = Path(directory)
-    if (directory / name).is_file():
-        return directory / name
-    task_file = directory / "task.json"
-    if task_file.is_file():
-        base = json.loads(task_file.read_text(encoding="utf-8")).get("base_model_dir")
-        if base and ((directory / base).resolve() / name).is_file():
-            return (directory / base).resolve() / name
-    return None
+    features of its own); None when none in the chain has it. ``ModelDir(directory).file(name)``."""
+    return ModelDir(Path(directory)).file(name)
 
 
 def list_models() -> list[ModelCard]:

@@ -10,8 +10,6 @@ model is exported again and a shipped one only once per machine.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import logging
 import os
 import sys
@@ -21,12 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sampan.store.models import model_file, resolve
+from sampan.store.model_dir import ModelDir
+from sampan.store.models import resolve
 from sampan.text.tokenizer import ChineseTokenizer
 from sampan.utils.paths import cache_dir
 
-# Files whose bytes define a stored model (the export depends on nothing else).
-_MODEL_FILES = ("config.json", "model.safetensors", "task.json", "adapter.safetensors", "features.json")
 _EXPORT_VERSION = "1"  # bump when the exported signature changes, to invalidate old caches
 _lock = threading.Lock()
 
@@ -45,18 +42,8 @@ class LoadedModel:
 
 
 def _digest(directory: Path) -> str:
-    h = hashlib.sha256(_EXPORT_VERSION.encode())
-    for name in _MODEL_FILES:
-        path = directory / name
-        if path.is_file():
-            h.update(name.encode())
-            h.update(path.read_bytes())
-    meta = directory / "task.json"
-    if meta.is_file():  # an adapter's base is part of the model
-        base = json.loads(meta.read_text(encoding="utf-8")).get("base_model_dir")
-        if base:
-            h.update(_digest((directory / base).resolve()).encode())
-    return h.hexdigest()[:16]
+    """The export cache key: the bytes of the files that define the model, across its base chain."""
+    return ModelDir(directory).digest(_EXPORT_VERSION)
 
 
 def eager_model(directory: Path):
@@ -108,16 +95,12 @@ def load(name: str, precision: str = "fp32", num_threads: int | None = None,
     inference = export_dir(name, directory)
     config = Config(str(inference), backend=backend, num_threads=num_threads or _default_threads(),
                     precision=precision)
-    task_meta: dict[str, Any] = {}
-    if (directory / "task.json").is_file():
-        task_meta = json.loads((directory / "task.json").read_text(encoding="utf-8"))
-    tokenizer_path = model_file(directory, "tokenizer.json")
+    model_dir = ModelDir(directory)
+    tokenizer_path = model_dir.file("tokenizer.json")
     if tokenizer_path is None:
         raise FileNotFoundError(f"{directory} has no tokenizer.json; rebuild it with `sampan hub build {name}`")
-    config_path = model_file(directory, "config.json")
-    model_config = json.loads(config_path.read_text(encoding="utf-8")) if config_path else {}
     return LoadedModel(name, directory, create_predictor(config), ChineseTokenizer.load(tokenizer_path),
-                       task_meta, model_config, inference)
+                       model_dir.task_meta or {}, model_dir.config or {}, inference)
 
 
 def _default_threads() -> int:
