@@ -2,7 +2,7 @@
 
 The shipped curve's constants must be the ones ``benchmarks/planner.py`` fitted (committed in
 ``benchmarks/results/planner.json``), and the committed predictions must be what the planner
-computes today for the same rows, so the README's validation table describes this code.
+computes today for the same rows, so docs/planner.md's validation table describes this code.
 """
 
 from __future__ import annotations
@@ -110,7 +110,6 @@ def _table_rows(text: str, header: str) -> list[list[str]]:
 
 
 @pytest.mark.parametrize("doc, header, predicted_col", [
-    ("README.md", "| source | model | GPUs | (t, p, d) |", 5),
     ("docs/planner.md", "| source | model | GPUs | layout (t, p, d) |", 5),
 ])
 def test_published_tables_match_the_results(results, doc, header, predicted_col):
