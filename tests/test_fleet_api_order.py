@@ -21,6 +21,8 @@ import pytest
 from test_fleet import ENV, _assert_close
 from test_fleet import SCRIPT as EQUIVALENCE
 
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
+
 WORKER = Path(__file__).parent / "scripts" / "fleet_api_order.py"
 
 ORDERS = ["before", "after", "seed"]

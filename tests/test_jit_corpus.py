@@ -35,6 +35,8 @@ from torch import nn
 import sampan
 from sampan.jit import InputSpec
 
+pytestmark = [pytest.mark.slow]
+
 TOL = dict(atol=1e-5, rtol=1e-5)
 
 

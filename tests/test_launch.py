@@ -85,6 +85,8 @@ def test_torchrun_arguments_and_environment():
     assert elastic_env(multi, {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0", "OMP_NUM_THREADS": "2"})[0] == {}
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 @pytest.mark.timeout(180)
 def test_launch_passes_script_args_and_sets_thread_default(tmp_path):
     script = tmp_path / "show.py"
@@ -144,6 +146,8 @@ def _check_report(report: dict, sizes: list[int], world_size: int) -> None:
         assert row["algbw_GBps"] == pytest.approx(row["bytes"] / (row["time_us"] * 1e-6) / 1e9)
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 @pytest.mark.timeout(180)
 def test_bench_comm_spawns_its_own_group(capsys):
     run = subprocess.run([*CLI, "bench", "comm", "--sizes", "1KB,64KB", "--iters", "3", "--json"],
@@ -158,6 +162,8 @@ def test_bench_comm_spawns_its_own_group(capsys):
     assert "busbw" in table and "64KB" in table
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 @pytest.mark.timeout(180)
 def test_bench_comm_under_the_launcher_uses_its_group():
     run = subprocess.run([*CLI, "launch", "--nproc_per_node", "2", "-m", "sampan.cli", "bench", "comm",

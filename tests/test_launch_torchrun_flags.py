@@ -38,6 +38,8 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("PET_")}
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 @pytest.mark.timeout(180)
 def test_master_addr_and_port_reach_a_real_two_rank_gloo_group(tmp_path):
     port = _free_port()

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.network]
+
 SCRIPT = Path(__file__).parent / "scripts" / "fleet_equivalence.py"
 
 

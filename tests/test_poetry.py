@@ -13,6 +13,8 @@ import pytest
 from sampan.text.corpus import load_corpus
 from sampan.text.corpus.poetry import INTEGRITY, POEMS_FILE, fetch_poetry, poetry_dir
 
+pytestmark = [pytest.mark.network]
+
 VERSE = re.compile(r"[\u4e00-\u9fff，。？！；：、]+")
 
 

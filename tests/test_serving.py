@@ -373,6 +373,8 @@ def test_exported_model_bad_inputs_are_named(exported, inputs, code):
 # ------------------------------------------------------------------------------ the real `sampan serve`
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_sampan_serve_rejects_an_unknown_task_with_the_known_ones():
     result = subprocess.run([sys.executable, "-m", "sampan.cli", "serve", "--task", "no_such_task"],
                             capture_output=True, text=True, timeout=120, cwd=ROOT)
@@ -384,6 +386,8 @@ def test_sampan_serve_rejects_an_unknown_task_with_the_known_ones():
     ("text_generation.max_new_token=8", "text_generation does not take 'max_new_token'; for 'max_new_token', did you mean 'max_new_tokens'?"),
     ("text_generation.batch_size=4", "text_generation.batch_size: sampan serve sets it for every task; use --max-batch-size"),
 ])
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_sampan_serve_rejects_a_task_option_the_task_does_not_take(option, says):
     """Refused at start, before any model loads (with --workers N, every worker would die on it)."""
     result = subprocess.run([sys.executable, "-m", "sampan.cli", "serve", "--task", "text_generation",
@@ -401,6 +405,8 @@ def real_server(exported):
         yield server
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_sampan_serve_answers_every_endpoint(real_server, exported):
     base = real_server.url
     with httpx.Client(base_url=base, timeout=60) as client:
@@ -448,6 +454,8 @@ def test_sampan_serve_answers_every_endpoint(real_server, exported):
 # ----------------------------------------------------------------------------------------- benchmark
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_serving_benchmark_quick_writes_the_results_schema(tmp_path):
     out = tmp_path / "serving.json"
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "serving.py"), "--quick", "--out", str(out)],
@@ -467,6 +475,8 @@ def test_serving_benchmark_quick_writes_the_results_schema(tmp_path):
 # ------------------------------------------------------------------------------------------ workers
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_sampan_serve_with_two_workers_runs_two_processes(exported):
     """--workers 2: two uvicorn worker processes, each with its own copy of the model, both answering."""
     with ServerProcess(["--model-dir", f"lin={exported[0]}", "--workers", "2"]) as server:

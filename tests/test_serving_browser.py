@@ -20,9 +20,12 @@ CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
-pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
-                                reason=f"{CHROMIUM} is absent: install it with `apt-get install -y "
-                                       "--no-install-recommends chromium fonts-wqy-microhei` (.ci/run does)")
+pytestmark = [
+    pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.browser,
+    pytest.mark.skipif(not os.path.exists(CHROMIUM),
+                       reason=f"{CHROMIUM} is absent: install it with `apt-get install -y --no-install-recommends "
+                              "chromium fonts-wqy-microhei` (make test does, as root or through sudo)"),
+]
 
 TEXT = "李彦宏在北京创办了百度公司，这家公司的服务真不错。"
 PROMPT_MAX_TOKENS = "text_generation.max_new_tokens=12"

@@ -33,6 +33,8 @@ from sampan.serving.config import ServingConfig
 from sampan.serving.launcher import ServerProcess
 from sampan.static import InputSpec
 
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
+
 TASK = "sentiment_analysis"
 # The limits the server runs with: ServingConfig fields, each passed as its `sampan serve` flag. Small,
 # so that the fuzz reaches them cheaply; the boundary tests read them back from GET /v1/tasks.

@@ -21,6 +21,8 @@ from sampan.checkpoint import verify_checkpoint
 from sampan.trainer import TrainingArguments
 from sampan.trainer.run_config import RunConfig
 
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
+
 SCRIPT = Path(__file__).parent / "scripts" / "trainer_fleet.py"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
