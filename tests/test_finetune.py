@@ -324,6 +324,7 @@ def test_a_store_name_is_the_stored_base():
 
 
 # -- training ---------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["full", "lora", "adapter"])
 def test_each_method_lowers_the_dev_loss(runs, name):
     result = runs[name]
@@ -336,6 +337,7 @@ def test_each_method_lowers_the_dev_loss(runs, name):
     assert not list((result.output_dir / "training").glob("checkpoint-*"))
 
 
+@pytest.mark.slow
 def test_trainable_parameter_counts(runs):
     full, lora, adapter = runs["full"], runs["lora"], runs["adapter"]
     assert full.trainable_parameters == full.total_parameters
@@ -348,6 +350,7 @@ def test_trainable_parameter_counts(runs):
     assert lora.trainable_parameters < 0.1 * full.trainable_parameters
 
 
+@pytest.mark.slow
 def test_output_directory_layouts(runs, base_dir):
     merged = runs["lora"].output_dir
     assert {p.name for p in merged.iterdir()} >= {"config.json", "model.safetensors", "tokenizer.json", "task.json"}
@@ -364,6 +367,7 @@ def test_output_directory_layouts(runs, base_dir):
     assert (small / "adapter.safetensors").stat().st_size < (merged / "model.safetensors").stat().st_size / 5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["lora", "adapter"])
 def test_adapter_layout_loads_equal_to_the_merged_layout(runs, method, base_dir):
     merged, _, meta_m = load_task_model(runs[method].output_dir)
@@ -379,6 +383,7 @@ def test_adapter_layout_loads_equal_to_the_merged_layout(runs, method, base_dir)
     assert meta_m["metrics"] == meta_a["metrics"]  # the same run, saved two ways
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["adapter", "adapter-adapter-layout", "lora-adapter-layout", "full-embedding-lora"])
 def test_every_finetune_output_exports_for_inference(runs, name, tmp_path):
     """`sampan export` takes what `sampan finetune` wrote, whichever method and layout: the graph
@@ -400,6 +405,7 @@ def test_every_finetune_output_exports_for_inference(runs, name, tmp_path):
     assert (out / "tokenizer.json").is_file()
 
 
+@pytest.mark.slow
 def test_a_base_with_character_features_goes_from_finetune_to_taskflow(base_dir, tmp_path, monkeypatch, asgi_post):
     """Pinyin / radical / stroke embeddings survive the whole path: fine-tune over a base that
     embeds them (adapter layout), then Taskflow exports it and answers what the eager model does
@@ -446,6 +452,7 @@ def test_a_base_with_character_features_goes_from_finetune_to_taskflow(base_dir,
     assert response.json()["outputs"] == flow(texts)
 
 
+@pytest.mark.slow
 def test_full_finetune_with_frozen_embeddings_saves_only_what_trained(runs, base_dir):
     """freeze + save='adapter': a full fine-tune stored as the tensors that moved, over the base."""
     from safetensors.torch import load_file
@@ -493,6 +500,7 @@ def test_embedding_lora_starts_as_the_table_trains_only_looked_up_rows_and_merge
         apply_embedding_lora(model, rank=4, alpha=8, target="ernie.layers.0.attn.q_proj")
 
 
+@pytest.mark.slow
 def test_full_finetune_with_embedding_lora_saves_the_update_not_the_table(runs, base_dir):
     from safetensors.torch import load_file
 
@@ -586,6 +594,7 @@ def test_mean_pooling_and_dropout_are_stored_and_reloaded(base_dir, tmp_path):
         FinetuneConfig(dropout=1.5)
 
 
+@pytest.mark.slow
 def test_freeze_prefix_that_names_nothing_is_an_error(base_dir, tmp_path):
     cfg = FinetuneConfig(task="ner", model=str(base_dir), output_dir=str(tmp_path / "out"), freeze="ernie.embedings",
                          **FAST)
@@ -593,6 +602,7 @@ def test_freeze_prefix_that_names_nothing_is_an_error(base_dir, tmp_path):
         finetune(cfg)
 
 
+@pytest.mark.slow
 def test_lora_merged_model_loads_with_plain_from_pretrained(runs):
     from sampan.models import from_pretrained
 
@@ -671,6 +681,7 @@ def test_cli_finetune_end_to_end(base_dir, tmp_path, capsys):
     assert all(flag in usage for flag in ("--method", "--lora-rank", "--save", "--max-train-examples"))
 
 
+@pytest.mark.slow
 def test_cli_finetune_ner_with_embedding_lora_and_mention_replacement(base_dir, tmp_path, capsys):
     from sampan.cli import main
 

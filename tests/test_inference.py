@@ -84,6 +84,7 @@ def _eager(model, ids, mask=None) -> np.ndarray:
 # --- export and equality of backends ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cli_export_writes_the_directory_with_companion_files(ernie):
     assert ernie["rc"] == 0
     printed = json.loads(ernie["stdout"])
@@ -107,12 +108,14 @@ def test_cli_export_writes_the_directory_with_companion_files(ernie):
     assert sorted(p.name for p in ernie["dir"].parent.iterdir() if p.name.startswith(".")) == []
 
 
+@pytest.mark.slow
 def test_cli_export_refuses_an_existing_directory(ernie, capsys):
     rc = cli_main(["export", "--model-dir", str(ernie["model_dir"]), "--out", str(ernie["dir"])])
     assert rc == 2
     assert "already exists: pass overwrite=True (`sampan export --overwrite`)" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_cli_export_takes_a_store_name_and_an_adapter_layout_model(tmp_path, capsys):
     """The shipped sentiment model is a `--save adapter` directory (trained tensors over its base,
     no config.json, no tokenizer): `sampan export ernie-tiny-sentiment` merges it over the base and
@@ -144,6 +147,7 @@ def test_cli_export_takes_a_store_name_and_an_adapter_layout_model(tmp_path, cap
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch,seq", SHAPES)
 def test_ernie_eager_equals_onnxruntime_equals_torch(ernie, ernie_predictor, batch, seq):
     ids, mask = _ids(batch, seq), _mask(batch, seq)
@@ -161,6 +165,7 @@ def test_ernie_eager_equals_onnxruntime_equals_torch(ernie, ernie_predictor, bat
     assert np.abs(unmasked[-1] - ort_out[-1]).max() > 1e-4
 
 
+@pytest.mark.slow
 def test_onnxruntime_fusions_apply_and_compute_the_same(ernie, ernie_predictor, gpt):
     """By default the ONNX Runtime session runs the graph with onnxscript's fusions (attention,
     skip + layer norm, bias + GELU as ORT kernels); ``fuse=False`` runs it as exported. Both give
@@ -181,6 +186,7 @@ def test_onnxruntime_fusions_apply_and_compute_the_same(ernie, ernie_predictor, 
     assert gpt_fusions.get("mha2") == TINY["num_layers"] and "skip_layer_normalization" not in gpt_fusions
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["ernie", "gpt"])
 def test_no_skip_layer_norm_kernel_runs(which, ernie, ernie_predictor, gpt, tmp_path):
     """The skip + layer norm pairs stay an Add and a LayerNormalization in the graph ORT runs:
@@ -228,6 +234,7 @@ def _fresh_copy(export_dir: Path, to: Path) -> Path:
     return to
 
 
+@pytest.mark.slow
 def test_a_failing_rewrite_falls_back_to_the_exported_graph(ernie, ernie_predictor, tmp_path, monkeypatch):
     import sampan.inference.fused as fused
 
@@ -243,6 +250,7 @@ def test_a_failing_rewrite_falls_back_to_the_exported_graph(ernie, ernie_predict
     np.testing.assert_allclose(fallback.run([ids, mask])[0], plain_out, atol=1e-6, rtol=0)
 
 
+@pytest.mark.slow
 def test_the_fused_graph_is_made_once_and_remade_when_stale(ernie, ernie_predictor, tmp_path, monkeypatch):
     """The first load writes inference.ort.onnx beside the export; later loads reuse it without
     running the rewriter; a newer export or another onnxscript version makes it again."""
@@ -372,6 +380,7 @@ def test_a_bare_array_is_refused_with_the_fix(ernie_predictor):
 # --- Config -----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_config_errors_name_the_fix(ernie, tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist: export it with "
                                                 r"sampan.inference.export_pretrained\(...\) or `sampan export`"):
@@ -402,6 +411,7 @@ def test_config_errors_name_the_fix(ernie, tmp_path):
         Config(ernie["dir"], fuse="yes")
 
 
+@pytest.mark.slow
 def test_paddle_style_setters(ernie):
     config = Config(ernie["dir"])
     config.set_cpu_math_library_num_threads(1)
@@ -509,6 +519,7 @@ class _Scale(nn.Module):
 
 
 
+@pytest.mark.slow
 def test_export_model_fixed_dims_float_casts_and_atomic_overwrite(tmp_path):
     torch.manual_seed(0)
     layer = _Scale().eval()
@@ -554,6 +565,7 @@ def test_export_pretrained_refuses_what_it_cannot_export(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_model_with_character_features_exports_with_the_lookup_inside_the_graph(tmp_path, asgi_post):
     """Pinyin / radical / stroke ids are not inputs of the graph: it gathers them from the
     features table, so the exported model takes (input_ids, attention_mask) like any other and

@@ -175,6 +175,7 @@ def masked_mean(x, mask):
     return total
 
 
+@pytest.mark.slow
 def test_save_infers_dynamic_dims_that_inputs_share(tmp_path):
     """Two inputs with the same `None` dims (ids and mask): jit.save must infer they are equal
     rather than refuse them, and the program then runs at other sizes through .pt2 and ONNX."""
@@ -213,6 +214,7 @@ def test_seed_snippet_round_trips(tmp_path, monkeypatch):
     assert meta["outputs"][0]["shape"] == [2, 3] and meta["sampan_version"] == sampan.__version__
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["gpt-tiny", "qwen3-tiny"])
 def test_early_exit_decode_example_converts_and_exports(model, tmp_path):
     """Greedy decoding with a tensor early exit, for GPT and for the Llama family (RoPE, GQA, q / k norm)."""
@@ -236,6 +238,7 @@ def test_early_exit_decode_example_converts_and_exports(model, tmp_path):
     assert result["stats"]["graph_breaks"] == 0
 
 
+@pytest.mark.slow
 def test_inductor_backend_with_gradients():
     """The default backend once: cond + while_loop compiled by inductor, forward and backward."""
 
@@ -291,6 +294,7 @@ def if_with_loop_inside_loop(x):
     return x
 
 
+@pytest.mark.slow
 def test_if_in_loop_exports_to_onnx_as_a_select_unless_its_branch_loops(tmp_path):
     """A tensor `if` inside a tensor loop whose branches only compute is exported as a select and
     runs in onnxruntime (corpus: p_while_break, p_for_tensor_if). One whose branch holds a loop
@@ -314,6 +318,7 @@ def _readme_snippet(heading: str) -> str:
     return section[start:section.index("```", start)]
 
 
+@pytest.mark.slow
 def test_readme_to_static_snippet_runs(tmp_path, monkeypatch, capsys):
     """The README's to_static section as written (a data-dependent loop -> .pt2 + ONNX -> jit.load
     -> onnxruntime); only the compile backend is switched to "eager" to keep the test fast."""

@@ -185,6 +185,7 @@ def test_kv_heads_that_mp_cannot_split_are_refused_by_the_strategy():
                                     {"mp": 7}, num_kv_heads=config.num_kv_heads)
 
 
+@pytest.mark.slow
 def test_export_pretrained_forward_runs_in_onnxruntime(tmp_path):
     from sampan.inference import Config, create_predictor, export_pretrained
 

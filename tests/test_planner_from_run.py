@@ -108,6 +108,8 @@ def _windows(out: Path) -> list[dict]:
     return train[1:]  # the report leaves the warm-up window out
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_one_process_run_is_read_back(runs, capsys):
     out = runs["one"]
     report = _report(capsys, out)
@@ -128,6 +130,8 @@ def test_one_process_run_is_read_back(runs, capsys):
     assert any("peak_flops" in note for note in report["assumptions"])
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_pipeline_run_shows_a_bubble(runs, capsys):
     report = _report(capsys, runs["pp2"])
     run = report["run"]
@@ -140,6 +144,8 @@ def test_pipeline_run_shows_a_bubble(runs, capsys):
         (rows["compute"]["predicted_s"] + rows["tensor-parallel comm"]["predicted_s"]) / 2)
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_table_and_gpu_hardware(runs, capsys):
     assert main(["plan", "--from-run", str(runs["pp2"])]) == 0
     text = capsys.readouterr().out
@@ -148,6 +154,8 @@ def test_table_and_gpu_hardware(runs, capsys):
     assert report["hardware"]["name"] == "a100-80g" and report["predicted"]["step_time_s"] < report["run"]["step_time_s"]
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("extra, message", [(["--gpus", "8"], "does not apply to --from-run"),
                                             (["--fix", "dp=1"], "does not apply to --from-run")])
 def test_from_run_refuses_planning_flags(runs, capsys, extra, message):

@@ -91,6 +91,7 @@ def test_data_build_is_deterministic(build, tmp_path):
         build_data(DataBuildConfig(corpora=("sanguo",), out=str(tmp_path / "g"), spans="gold", max_docs=2))
 
 
+@pytest.mark.slow
 def test_parallel_encoding_gives_the_same_rows(build, monkeypatch):
     tok = ChineseTokenizer.load(build / "tokenizer.json")
     docs = load_corpus("news", "train")[:30]
@@ -102,6 +103,7 @@ def test_parallel_encoding_gives_the_same_rows(build, monkeypatch):
     assert len(one[2]) == 30 and one[2][-1][1] + one[2][-1][2] == len(one[0])
 
 
+@pytest.mark.slow
 def test_pretrain_cli_trains_and_the_loss_falls(build, tmp_path, capsys):
     out = tmp_path / "run"
     code = main(["pretrain", "--model", "ernie-tiny", "--data", str(build), "--masking", "knowledge",

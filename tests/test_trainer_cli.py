@@ -212,6 +212,7 @@ def test_report_table_and_missing_run(trained, tmp_path, capsys):
     assert "not a Trainer output directory" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_demo_runs_and_leaves_its_evidence(tmp_path):
     out = tmp_path / "demo"
     code, stdout = run_cli(["demo", "--steps", "4", "--batch-size", "2", "--seq-len", "32", "--eval-every", "2",

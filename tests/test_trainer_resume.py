@@ -32,6 +32,8 @@ def _final_bytes(out: Path, step: int) -> dict[str, bytes]:
     return {name: (ckpt / name).read_bytes() for name in ("model.safetensors", "optimizer.safetensors")}
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("workers, model", [(0, ["--family", "gpt"]), (2, ["--family", "gpt"]),
                                             (0, ["--family", "llama", "--recompute", "full"])])
@@ -55,6 +57,8 @@ def test_sigkill_then_auto_resume_is_bit_identical(tmp_path, workers, model):
     assert _final_bytes(killed, 12) == _final_bytes(straight, 12)
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 @pytest.mark.timeout(600)
 def test_corrupt_newest_checkpoint_falls_back_to_previous_good_one(tmp_path):
     out = tmp_path / "run"
