@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import runpy
 import subprocess
 import sys
@@ -58,22 +59,34 @@ def test_bad_demo_argument_is_a_clear_error(capsys):
     assert "steps must be > 0" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_demo_learns_and_saves_a_loadable_model(tmp_path, monkeypatch):
     monkeypatch.setenv("SAMPAN_HOME", str(tmp_path / "home"))  # the Taskflow export cache
+    # No ERNIE a test can afford to pretrain fine-tunes past chance (after the 80 steps this config
+    # used to give it, 20 fine-tuning steps scored 0.469 and 100 steps 0.531, each a constant answer),
+    # so the test takes the demo's fallback on purpose: 20 ERNIE steps leave the encoder at the
+    # unigram plateau (output cosine 0.991), and the stage then fine-tunes the shipped ernie-tiny-zh
+    # too and serves the better of the two on dev. 80 fine-tuning steps are what that base needs
+    # (60 still leave it at 0.56). The test takes about 45 s longer for it (67 s -> 112 s on a quiet
+    # 2-core machine at conftest's one thread; each 80-step fine-tune is about 36 s of that).
     cfg = DemoConfig(steps=40, batch_size=8, seq_len=64, eval_every=20, warmup_steps=5,
-                     max_new_tokens=10, out_dir=str(tmp_path / "demo"))
+                     max_new_tokens=10, out_dir=str(tmp_path / "demo"), ernie_steps=20, finetune_steps=80)
     result = run_demo(cfg, log=lambda _: None)
     # Stage 2: the pretrained ERNIE was fine-tuned, exported and answered through the ONNX predictor.
     stage = result["ernie"]["finetune"]
-    assert 0.0 <= stage["metrics"]["accuracy"] <= 1.0
-    # A collapsed encoder (one output for every input) also gets the shipped base fine-tuned beside
-    # it, and the better one on dev is served; otherwise the demo's own model is.
-    similarity = result["ernie"]["similarity"]["token_output_cosine"]
-    assert 0.0 < similarity <= 1.0 + 1e-6
+    # The served model scores 0.734 (47 of 64 test reviews; dev 0.734) at test loss 0.586; the demo's
+    # own ERNIE 0.531 (dev 0.578), a constant answer: 34 of the 64 reviews are positive. The seeds
+    # are fixed, so on one machine the figures repeat exactly (at one thread or two alike). The floor
+    # sits seven reviews below (about twice the 64-review sampling error: room for another CPU's
+    # rounding to take training elsewhere) and six above the constant answer; a fine-tune that does
+    # not learn stays near 0.5 and at a loss near log(2) = 0.693.
+    metrics = stage["metrics"]
+    assert 0.625 <= metrics["accuracy"] <= 1.0 and metrics["loss"] < math.log(2), metrics
     assert 0.0 <= stage["own_base_metrics"]["accuracy"] <= 1.0
+    similarity = result["ernie"]["similarity"]["token_output_cosine"]
+    assert COLLAPSED_COSINE < similarity <= 1.0 + 1e-6, similarity
     shipped = tmp_path / "demo" / "sentiment" / "model-from-shipped-base"
-    assert shipped.is_dir() == (similarity > COLLAPSED_COSINE)
-    assert stage["served"] in (str(tmp_path / "demo" / "sentiment" / "model"), str(shipped))
+    assert shipped.is_dir() and stage["served"] == str(shipped)
     assert (tmp_path / "home" / "cache" / "inference").is_dir()
     assert stage["export_dir"].startswith(str(tmp_path / "home"))
     assert [a["text"] for a in stage["answers"]] == ["这家餐厅的服务非常棒", "质量太差了，用了两天就坏"]

@@ -139,6 +139,7 @@ def test_a_failed_build_leaves_nothing_behind(home, monkeypatch):
     assert list((home / "models").iterdir()) == []
 
 
+@pytest.mark.slow
 def test_gpt_recipe_builds_a_usable_seeded_model(home, poetry_corpus):
     """A tiny real run of the gpt-zh recipe: data build (news + 三国演义, and Tang poems with the
     same tokenizer), training, fp16 store, card; the same settings give the same bytes; Taskflow
@@ -174,6 +175,7 @@ def test_gpt_recipe_builds_a_usable_seeded_model(home, poetry_corpus):
     assert row["text"] == "话说" and isinstance(row["generated"], str)
 
 
+@pytest.mark.slow
 def test_hub_evaluate_rescores_a_task_model_and_bio_decoding_beats_argmax(home):
     """``sampan hub evaluate`` re-runs the recipe's test scoring on stored weights; on the shipped NER
     model, BIO-constrained decoding scores higher span F1 than per-token arg-max on the same logits,
@@ -195,7 +197,13 @@ def test_hub_evaluate_rescores_a_task_model_and_bio_decoding_beats_argmax(home):
     for name in ("ernie-tiny-zh", "ernie-tiny-ner"):  # a writable copy: the NER delta reads ../ernie-tiny-zh
         shutil.copytree(SHIPPED_DIR / name, home / "models" / name)
     metrics = evaluate_model("ernie-tiny-ner", max_examples=200)
-    assert metrics["examples"] == 200 and 0 < metrics["f1"] <= 1
+    # The shipped model scores 0.916 span F1 on these 200 sentences (169 gold entities; 0.924 on the
+    # whole test split, its card's test_f1). This is inference on fixed weights: on one machine it
+    # gives the same figure every run. The floor's 0.026 margin is 4-8 entities (a miss costs ~0.003,
+    # a wrong span or type ~0.006): room for another CPU's rounding or a rebuild of equal quality,
+    # while this model decoded by arg-max (0.885 here) or the previous shipped one (0.873 on the
+    # whole split) falls below it.
+    assert metrics["examples"] == 200 and 0.89 <= metrics["f1"] <= 1, metrics
 
     model, tokenizer, meta = load_task_model(home / "models" / "ernie-tiny-ner")
     test = load_task_data("ner", max_eval_examples=200).test

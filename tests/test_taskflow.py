@@ -35,6 +35,7 @@ def ner():
     return Taskflow("ner", batch_size=4)
 
 
+@pytest.mark.slow
 def test_readme_snippet_sentiment(sentiment):
     out = sentiment("这家餐厅的服务非常棒")
     assert out[0]["text"] == "这家餐厅的服务非常棒"
@@ -44,6 +45,7 @@ def test_readme_snippet_sentiment(sentiment):
     assert negative[0]["label"] == "negative"
 
 
+@pytest.mark.slow
 def test_sentiment_runs_through_the_exported_graph(sentiment, sampan_home):
     """The task's logits are the ONNX predictor's, and they equal the eager (merged) model's."""
     from sampan.finetune import load_task_model
@@ -63,6 +65,7 @@ def test_sentiment_runs_through_the_exported_graph(sentiment, sampan_home):
     np.testing.assert_allclose(logits, eager.numpy(), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_batches_give_the_same_answers_as_single_texts(sentiment):
     texts = ["很好用，推荐购买", "客服态度恶劣", "还行", "这本书写得太精彩了，一口气读完"]
     batched = Taskflow("sentiment_analysis", batch_size=3)(texts)
@@ -71,6 +74,7 @@ def test_batches_give_the_same_answers_as_single_texts(sentiment):
     np.testing.assert_allclose([r["score"] for r in batched], [r["score"] for r in single], atol=2e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad, message", [
     (None, "is None"),
     (123, "got int"),
@@ -84,6 +88,7 @@ def test_bad_inputs_are_clear_value_errors(sentiment, bad, message):
         sentiment(bad)
 
 
+@pytest.mark.slow
 def test_over_long_text_is_truncated_with_a_warning(sentiment):
     text = "服务很好。" * 60
     from sampan.taskflow.encoding import TruncationWarning
@@ -93,6 +98,7 @@ def test_over_long_text_is_truncated_with_a_warning(sentiment):
     assert out[0]["text"] == text and out[0]["label"] in ("positive", "negative")
 
 
+@pytest.mark.slow
 def test_ner_finds_people_and_places_with_offsets(ner):
     text = "江泽民主席在北京会见了美国总统克林顿。"
     (out,) = ner(text)
@@ -104,6 +110,7 @@ def test_ner_finds_people_and_places_with_offsets(ner):
     assert ("北京", "LOC") in found
 
 
+@pytest.mark.slow
 def test_ner_tags_every_window_of_a_long_text(ner):
     """A text far longer than the model's window is tagged window by window, offsets shifted back."""
     filler = "今天天气很好，大家都去公园散步了。" * 20
@@ -126,6 +133,7 @@ def test_ner_tags_every_window_of_a_long_text(ner):
     assert any(e["start"] >= len(filler) for e in expected)  # the last window's sentence was tagged
 
 
+@pytest.mark.slow
 def test_ner_decodes_with_the_tag_prior_its_fine_tune_picked(ner):
     """Taskflow's spans are the predictor's logits decoded with task.json's tag-bigram prior (what the
     card's figures measured), and on held-out sentences the prior changes some of them."""
@@ -158,6 +166,7 @@ def test_word_segmentation():
     assert out["words"] == ["我", "爱", "北京", "天安门"]
 
 
+@pytest.mark.slow
 def test_text_generation_is_seeded_and_continues_in_chinese():
     gen = Taskflow("text_generation", max_new_tokens=16, seed=3)
     first = gen(["话说天下大势", "中国经济"])
@@ -175,6 +184,7 @@ def test_poetry_keeps_its_form():
     assert out["poem"].startswith("春风")
 
 
+@pytest.mark.slow
 def test_fill_mask_fills_every_mask():
     fill = Taskflow("fill_mask", top_k=3)
     (out,) = fill("中华人民共和[MASK]成立五十周年")
@@ -200,6 +210,7 @@ def test_fill_mask_fills_every_mask():
         fill("没有掩码")
 
 
+@pytest.mark.slow
 def test_int8_precision_agrees_with_fp32(sentiment):
     texts = ["很好用，推荐购买", "客服态度恶劣，再也不买了", "这家餐厅的服务非常棒", "质量一般，价格偏贵"]
     int8 = Taskflow("sentiment_analysis", precision="int8")
@@ -229,6 +240,7 @@ def test_tasks_listing_and_unknown_names():
         Taskflow("sentiment_analysis", model="no-such-model")
 
 
+@pytest.mark.slow
 def test_sampan_task_takes_task_options_and_max_length(sampan_home, capsys):
     import json
 
@@ -247,6 +259,7 @@ def test_sampan_task_takes_task_options_and_max_length(sampan_home, capsys):
         assert says in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_hub_module_passes_options_and_model_to_its_task(sampan_home):
     import sampan.hub as hub
 
@@ -261,6 +274,7 @@ def test_hub_module_passes_options_and_model_to_its_task(sampan_home):
         hub.Module(name="ernie_genn")
 
 
+@pytest.mark.slow
 def test_readme_snippets_run_in_a_fresh_process(sampan_home):
     code = ("from sampan import Taskflow\n"
             "sentiment_analysis = Taskflow('sentiment_analysis')\n"
@@ -284,6 +298,7 @@ def test_readme_snippets_run_in_a_fresh_process(sampan_home):
         assert [m.group(1) or m.group(2) for m in shown] == lines, doc
 
 
+@pytest.mark.slow
 def test_a_deployed_taskflow_imports_no_torch(sampan_home):
     """Once a model is exported, running it needs ONNX Runtime, numpy and the tokenizer only: every
     task answers in a fresh process without importing torch (about 1 s of start-up saved), and
@@ -306,6 +321,7 @@ def test_a_deployed_taskflow_imports_no_torch(sampan_home):
     assert fresh["out"] == json.loads(json.dumps(here, ensure_ascii=False))
 
 
+@pytest.mark.slow
 def test_tasks_benchmark_quick(sampan_home, sentiment, tmp_path):
     """benchmarks/tasks.py --quick runs every section and writes the figures the README table reads."""
     import json
@@ -317,8 +333,17 @@ def test_tasks_benchmark_quick(sampan_home, sentiment, tmp_path):
     subprocess.run([sys.executable, str(root / "benchmarks" / "tasks.py"), "--quick", "--out", str(out)],
                    check=True, timeout=900, env={**os.environ, "SAMPAN_HOME": str(sampan_home)})
     r = json.loads(out.read_text())
-    assert 0.5 <= r["sentiment"]["sampan_accuracy"] <= 1 and 0.5 <= r["sentiment"]["baseline_accuracy"] <= 1
     sent = r["sentiment"]
+    # Quality floors. --quick scores the shipped models (inference on fixed weights, the same figures
+    # every run on one machine) on the first 64 test reviews, 35 of them negative: a constant answer
+    # scores 0.547. Measured: sampan 0.844 (54 of 64; 0.833 on the whole split), its int8 copy the
+    # same, the TF-IDF baseline 0.797 (51), the linear SVM and word+char LR references 0.812 (52) and
+    # the sampan+baseline average 0.844. Each floor sits four reviews (0.0625) below the lowest figure
+    # it covers: room for another CPU's rounding or a rebuild of equal quality, not for a model that
+    # has lost a tenth of its accuracy.
+    assert sent["test_examples"] == 64
+    assert 0.78 <= sent["sampan_accuracy"] <= 1 and 0.73 <= sent["baseline_accuracy"] <= 1, sent
+    assert 0.78 <= r["int8_vs_fp32"]["int8"]["accuracy"] <= 1, r["int8_vs_fp32"]
     assert max(sent["sampan_accuracy"], sent["baseline_accuracy"]) <= sent["either_correct"] <= 1
     assert all(row["label"] in ("positive", "negative") and row["text"] for row in sent["both_wrong_sample"])
     # The paired difference is the two accuracies' difference, and its discordant counts add up to it.
@@ -327,7 +352,7 @@ def test_tasks_benchmark_quick(sampan_home, sentiment, tmp_path):
     assert (diff["only_a_correct"] - diff["only_b_correct"]) == round(diff["difference"] * sent["test_examples"])
     assert diff["ci95"][0] <= diff["difference"] <= diff["ci95"][1]
     assert {"char_1_3_linear_svm", "word_1_2_plus_char_1_3_lr", "sampan_baseline_average"} == set(sent["references"])
-    assert all(0.5 <= ref["accuracy"] <= 1 for ref in sent["references"].values())
+    assert all(0.75 <= ref["accuracy"] <= 1 for ref in sent["references"].values()), sent["references"]
     # The count is the reviews whose tokens overflow the model's window, counted here directly.
     from sampan.finetune.data import load_task_data
 
@@ -342,6 +367,10 @@ def test_tasks_benchmark_quick(sampan_home, sentiment, tmp_path):
         whole = sum(p[f"{system}_accuracy"] * p["reviews"] for p in parts.values() if p["reviews"])
         assert whole == pytest.approx(sent[f"{system}_accuracy"] * sent["test_examples"])
     assert {"PER", "LOC", "micro"} <= set(r["ner"]["sampan"]) and {"PER", "LOC"} <= set(r["ner"]["lac"])
+    # NER on the first 24 test sentences (43 gold entities): the shipped model's micro F1 is 0.977
+    # (one entity wrong; 0.924 on the whole split), LAC's zero-shot 0.750. A wrong entity costs
+    # ~0.023 here, so the floors allow three more for sampan and four for LAC.
+    assert r["ner"]["sampan"]["micro"]["f1"] >= 0.90 and r["ner"]["lac"]["micro"]["f1"] >= 0.65, r["ner"]
     arms = r["lora_vs_full"]
     assert arms["lora"]["trainable_parameters"] < arms["full_frozen"]["trainable_parameters"] < \
         arms["full"]["trainable_parameters"]
