@@ -369,7 +369,9 @@ def test_tasks_benchmark_quick(sampan_home, sentiment, tmp_path):
     assert {"PER", "LOC", "micro"} <= set(r["ner"]["sampan"]) and {"PER", "LOC"} <= set(r["ner"]["lac"])
     # NER on the first 24 test sentences (43 gold entities): the shipped model's micro F1 is 0.977
     # (one entity wrong; 0.924 on the whole split), LAC's zero-shot 0.750. A wrong entity costs
-    # ~0.023 here, so the floors allow three more for sampan and four for LAC.
+    # ~0.023 here, so the floors allow three more for sampan and four for LAC. These 24 sentences are
+    # easy: a model at 0.830 on test_hub's 200 (noise on its weights) still scores 0.938 here, so that
+    # floor, not this one, is what holds the NER model's quality.
     assert r["ner"]["sampan"]["micro"]["f1"] >= 0.90 and r["ner"]["lac"]["micro"]["f1"] >= 0.65, r["ner"]
     arms = r["lora_vs_full"]
     assert arms["lora"]["trainable_parameters"] < arms["full_frozen"]["trainable_parameters"] < \
