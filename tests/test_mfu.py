@@ -59,12 +59,15 @@ def test_mfu_is_not_clamped_when_training_outruns_the_measured_peak(tmp_path, ho
     monkeypatch.setattr(hardware, "time", _slow_clock())
     with pytest.warns(RuntimeWarning, match="above 100%"):
         records, flops_per_token = _train(tmp_path, peak_flops=None)
+    cache = hardware.cpu_peak_cache_path()  # under this test's SAMPAN_HOME, before undo() restores it
     monkeypatch.undo()
     mfus = [r["mfu"] for r in records]
     assert len(mfus) == 3 and all(m > 1.0 for m in mfus), mfus
     peaks = [flops_per_token * r["tokens_per_sec"] / r["mfu"] for r in records]
     assert max(peaks) == pytest.approx(min(peaks), rel=1e-9)  # one peak for the whole run
     assert peaks[0] < 1e6  # the (slow-clock) measurement, not the rate training reached
+    # The peak training outran is not kept for the next run.
+    assert not cache.exists() or hardware.cpu_peak_key(torch.float32) not in json.loads(cache.read_text())["peaks"]
 
 
 def test_no_mfu_when_the_peak_is_unknown(tmp_path, home, monkeypatch):
@@ -126,6 +129,7 @@ def test_cpu_peak_is_measured_once_and_cached(home, monkeypatch):
         return 1e9 * len(calls)
 
     monkeypatch.setattr(hardware, "measure_cpu_peak_flops", fake_measure)
+    monkeypatch.setattr(hardware, "_busy", lambda: False)  # a quiet machine: measurements are kept
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -150,6 +154,22 @@ def test_cpu_peak_is_measured_once_and_cached(home, monkeypatch):
         assert hardware.cpu_peak_flops(torch.float32) == 5e9 and len(calls) == 5
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_peak_measured_on_a_busy_machine_is_not_cached_and_an_outrun_one_is_dropped(home, monkeypatch):
+    """A GEMM timed while other work holds the cores comes out low; cached, it would show every
+    later run above 100% MFU. So it serves its own run only, and a cached peak that training
+    outruns is dropped, so the next run measures again."""
+    monkeypatch.setattr(hardware, "measure_cpu_peak_flops", lambda dtype, **kw: 1e9)
+    monkeypatch.setattr(hardware, "_busy", lambda: True)
+    assert hardware.cpu_peak_flops(torch.float32) == 1e9
+    assert not hardware.cpu_peak_cache_path().exists()
+    monkeypatch.setattr(hardware, "_busy", lambda: False)
+    hardware.cpu_peak_flops(torch.float32)
+    key = hardware.cpu_peak_key(torch.float32)
+    assert key in json.loads(hardware.cpu_peak_cache_path().read_text())["peaks"]
+    hardware.forget_cpu_peak(torch.float32)
+    assert key not in json.loads(hardware.cpu_peak_cache_path().read_text())["peaks"]
 
 
 def test_cpu_peak_key_names_cpu_torch_threads_and_dtype():

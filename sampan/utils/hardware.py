@@ -24,6 +24,7 @@ MFU is never clamped: over 100% means the FLOP count or the peak is wrong, and i
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import math
@@ -178,6 +179,10 @@ def cpu_peak_flops(dtype: torch.dtype = torch.float32, *, remeasure: bool = Fals
         if isinstance(flops, (int, float)) and math.isfinite(flops) and flops > 0:
             return float(flops)
     flops = measure_cpu_peak_flops(dtype)
+    if _busy():
+        # Other processes on the cores make the peak come out low; a low cached peak would then
+        # show every later run above 100% MFU. Measured under load, the figure serves this run only.
+        return flops
     peaks = _read_peaks(path)  # another process may have added its own meanwhile
     peaks[key] = {"flops": flops, "measured": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     try:
@@ -185,6 +190,24 @@ def cpu_peak_flops(dtype: torch.dtype = torch.float32, *, remeasure: bool = Fals
     except OSError as err:  # a read-only home: the figure still serves this process
         warnings.warn(f"could not cache the measured CPU peak in {path}: {err}", RuntimeWarning, stacklevel=2)
     return flops
+
+
+def _busy() -> bool:
+    """Whether other work holds the CPU: the 1-minute load average above half the cores."""
+    try:
+        return os.getloadavg()[0] > 0.5 * (os.cpu_count() or 1)
+    except OSError:  # no load average on this platform: trust the measurement
+        return False
+
+
+def forget_cpu_peak(dtype: torch.dtype = torch.float32) -> None:
+    """Drop the cached CPU peak for ``dtype`` at the current thread count, so the next run measures
+    again (the Trainer does this when a run goes faster than the cached peak)."""
+    path, key = cpu_peak_cache_path(), cpu_peak_key(dtype)
+    peaks = _read_peaks(path)
+    if peaks.pop(key, None) is not None:
+        with contextlib.suppress(OSError):
+            atomic_write(path, json.dumps({"version": 1, "peaks": peaks}, indent=1, sort_keys=True) + "\n")
 
 
 CPU_PEAK_SIZES = (256, 512, 1024, 2048, 4096)
