@@ -130,6 +130,7 @@ def test_cpu_peak_is_measured_once_and_cached(home, monkeypatch):
 
     monkeypatch.setattr(hardware, "measure_cpu_peak_flops", fake_measure)
     monkeypatch.setattr(hardware, "_busy", lambda: False)  # a quiet machine: measurements are kept
+    monkeypatch.setattr(hardware, "_MEASURED_UNDER_LOAD", {})
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -160,10 +161,16 @@ def test_a_peak_measured_on_a_busy_machine_is_not_cached_and_an_outrun_one_is_dr
     """A GEMM timed while other work holds the cores comes out low; cached, it would show every
     later run above 100% MFU. So it serves its own run only, and a cached peak that training
     outruns is dropped, so the next run measures again."""
-    monkeypatch.setattr(hardware, "measure_cpu_peak_flops", lambda dtype, **kw: 1e9)
+    calls = []
+    monkeypatch.setattr(hardware, "measure_cpu_peak_flops", lambda dtype, **kw: calls.append(dtype) or 1e9)
     monkeypatch.setattr(hardware, "_busy", lambda: True)
+    monkeypatch.setattr(hardware, "_MEASURED_UNDER_LOAD", {})
     assert hardware.cpu_peak_flops(torch.float32) == 1e9
     assert not hardware.cpu_peak_cache_path().exists()
+    assert hardware.cpu_peak_flops(torch.float32) == 1e9 and len(calls) == 1  # kept for this process
+    hardware.forget_cpu_peak(torch.float32)
+    assert hardware.cpu_peak_flops(torch.float32) == 1e9 and len(calls) == 2  # measured again
+    hardware.forget_cpu_peak(torch.float32)
     monkeypatch.setattr(hardware, "_busy", lambda: False)
     hardware.cpu_peak_flops(torch.float32)
     key = hardware.cpu_peak_key(torch.float32)

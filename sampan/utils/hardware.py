@@ -178,10 +178,14 @@ def cpu_peak_flops(dtype: torch.dtype = torch.float32, *, remeasure: bool = Fals
         flops = entry.get("flops")
         if isinstance(flops, (int, float)) and math.isfinite(flops) and flops > 0:
             return float(flops)
+    if not remeasure and key in _MEASURED_UNDER_LOAD:
+        return _MEASURED_UNDER_LOAD[key]
     flops = measure_cpu_peak_flops(dtype)
     if _busy():
         # Other processes on the cores make the peak come out low; a low cached peak would then
-        # show every later run above 100% MFU. Measured under load, the figure serves this run only.
+        # show every later run above 100% MFU. Measured under load, the figure serves this process
+        # only (kept in memory, so its later runs do not measure again).
+        _MEASURED_UNDER_LOAD[key] = flops
         return flops
     peaks = _read_peaks(path)  # another process may have added its own meanwhile
     peaks[key] = {"flops": flops, "measured": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
@@ -190,6 +194,9 @@ def cpu_peak_flops(dtype: torch.dtype = torch.float32, *, remeasure: bool = Fals
     except OSError as err:  # a read-only home: the figure still serves this process
         warnings.warn(f"could not cache the measured CPU peak in {path}: {err}", RuntimeWarning, stacklevel=2)
     return flops
+
+
+_MEASURED_UNDER_LOAD: dict[str, float] = {}
 
 
 def _busy() -> bool:
@@ -204,6 +211,7 @@ def forget_cpu_peak(dtype: torch.dtype = torch.float32) -> None:
     """Drop the cached CPU peak for ``dtype`` at the current thread count, so the next run measures
     again (the Trainer does this when a run goes faster than the cached peak)."""
     path, key = cpu_peak_cache_path(), cpu_peak_key(dtype)
+    _MEASURED_UNDER_LOAD.pop(key, None)
     peaks = _read_peaks(path)
     if peaks.pop(key, None) is not None:
         with contextlib.suppress(OSError):
