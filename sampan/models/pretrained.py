@@ -27,6 +27,7 @@ from sampan.models.weight_files import (
 )
 from sampan.tensor import DTypeLike, to_dtype
 from sampan.utils.atomic import atomic_dir
+from sampan.utils.json_file import read_json_object
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = SAFETENSORS
@@ -127,13 +128,7 @@ def read_config(directory: str | os.PathLike) -> dict[str, Any]:
             f"{path} not found: {directory} is not a model directory (expected config.json and "
             "model.safetensors, written by save_pretrained or by Hugging Face transformers)"
         )
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not valid JSON ({err}); the model directory is damaged") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} must hold a JSON object, got {type(data).__name__}")
-    return data
+    return read_json_object(path)
 
 
 def is_sampan_directory(config: dict[str, Any]) -> bool:

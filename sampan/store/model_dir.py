@@ -11,26 +11,17 @@ config or features of its own: they are read from the base chain. ``task.json`` 
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from sampan.utils.json_file import read_json_object
 
 TASK_FILE = "task.json"
 CONFIG_FILE = "config.json"
 # Files whose bytes define a stored model (an export of it depends on nothing else): what
 # ``ModelDir.digest`` hashes, in this order.
 MODEL_FILES = (CONFIG_FILE, "model.safetensors", TASK_FILE, "adapter.safetensors", "features.json")
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not valid JSON ({exc}); rewrite it or rebuild the model") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} holds a JSON {type(data).__name__}, not an object; rewrite it or rebuild the model")
-    return data
 
 
 @dataclass(frozen=True)
@@ -52,7 +43,7 @@ class ModelDir:
     @property
     def task_meta(self) -> dict[str, Any] | None:
         """``task.json`` parsed, or None when the directory has none; bad JSON is a ValueError naming the file."""
-        return _read_json(self.task_file) if self.task_file.is_file() else None
+        return read_json_object(self.task_file) if self.task_file.is_file() else None
 
     @property
     def base_model_dir(self) -> str | None:
@@ -105,7 +96,7 @@ class ModelDir:
     def config(self) -> dict[str, Any] | None:
         """``config.json`` parsed (this directory's, else the base chain's), or None when none has one."""
         found = self.file(CONFIG_FILE)
-        return _read_json(found) if found else None
+        return read_json_object(found) if found else None
 
     def digest(self, salt: str = "") -> str:
         """16 hex digits of a sha256 over ``salt`` and the bytes of this directory's ``MODEL_FILES``,
