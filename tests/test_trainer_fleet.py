@@ -5,6 +5,7 @@ schedule with warmup, clipping, evaluation and a checkpoint every 3 steps). Run 
 on dp2 x mp2, and resumed from the dp2 x mp2 checkpoint at pp2 and in one process, it must log the
 same losses, gradient norms and eval losses; killed mid-run under ``sampan launch`` (with dropout on, so
 every rank's RNG stream must come back), it must end bit-identical to the uninterrupted run.
+With ``compile=True`` on dp2 x mp2 it must log the eager one-process figures too.
 """
 
 from __future__ import annotations
@@ -98,6 +99,17 @@ def test_trainer_with_a_strategy_matches_one_process(one_process, dp2_mp2):
     final = _final_parameters(dp2_mp2)
     assert sorted(saved) == sorted(final)
     assert all(torch.equal(saved[name], final[name]) for name in final)
+
+
+@pytest.mark.timeout(400)
+def test_compiled_blocks_on_tensor_parallel_and_sharding_match_one_process(one_process, tmp_path):
+    """``compile=True`` on dp2 x mp2 (DTensor tensor parallel, FSDP2 sharding over dp): every
+    rank compiles its blocks after tensor parallel and recompute, before sharding, and the run logs
+    the eager one-process losses, gradient norms and eval losses (the script asserts the blocks
+    were really compiled)."""
+    out = tmp_path / "compiled"
+    _run(4, out, "--batch", "4", "--strategy", DP2_MP2, "--compile", timeout=380)
+    _assert_same(_metrics(out), _metrics(one_process), range(1, 7))
 
 
 @pytest.mark.timeout(300)

@@ -10,9 +10,20 @@ from sampan.commands import set_handler
 
 def run_comm(args: argparse.Namespace) -> int:
     from sampan.distributed.comm_bench import parse_list, parse_sizes, print_table, run_comm_bench
+    from sampan.utils.device import resolve_device
 
+    backend = args.backend
+    if args.device != "auto":
+        # A device picks the backend (cuda: NCCL, cpu: gloo); asking for CUDA where there is none
+        # fails here, in one line, before any process starts.
+        kind = resolve_device(args.device).type
+        wanted = "nccl" if kind == "cuda" else "gloo"
+        if backend not in ("auto", wanted):
+            raise ValueError(f"--device {args.device} runs on {wanted}, but --backend {backend} was asked for; "
+                             "drop one of them")
+        backend = wanted
     report = run_comm_bench(sizes=parse_sizes(args.sizes), ops=parse_list(args.ops), iters=args.iters,
-                            warmup=args.warmup, nproc=args.nproc, backend=args.backend, dtype=args.dtype)
+                            warmup=args.warmup, nproc=args.nproc, backend=backend, dtype=args.dtype)
     if report is None:  # a launched rank other than 0: rank 0 reports
         return 0
     if args.json:
@@ -43,6 +54,9 @@ def register(subparsers) -> None:
                       help="ranks to spawn when not under a launcher (default: 2)")
     comm.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto",
                       help="auto: the launcher's group, or gloo for spawned ranks (default: auto)")
+    comm.add_argument("--device", default="auto", metavar="DEVICE",
+                      help="auto, cpu (gloo) or cuda / cuda:N (NCCL; under a launcher each rank takes its "
+                           "LOCAL_RANK GPU) (default: auto, as --backend says)")
     comm.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                       help="element type of the buffers (default: float32)")
     comm.add_argument("--json", action="store_true", help="print JSON instead of a table")

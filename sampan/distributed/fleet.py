@@ -37,7 +37,8 @@ from sampan.distributed.topology import HybridCommunicateGroup
 from sampan.models.pipeline_parts import PipelineParts
 from sampan.models.registry import spec_of
 from sampan.nn.clip import ClipGradByGlobalNorm
-from sampan.nn.recompute import apply_recompute
+from sampan.nn.compile import apply_compile
+from sampan.nn.recompute import apply_recompute, recompute_targets
 
 
 def default_strategy() -> DistributedStrategy:
@@ -186,8 +187,11 @@ class Fleet:
         return dist.get_world_size() if dist.is_initialized() else env.world_size()
 
     def distributed_model(self, model: nn.Module, tp_plan: dict[str, str] | None = None,
-                          pipeline_parts: PipelineParts | None = None) -> DistributedModel:
+                          pipeline_parts: PipelineParts | None = None, compile: bool = False) -> DistributedModel:
         """Split ``model`` as the strategy says: tensor parallel, recompute, then dp / sharding.
+
+        ``compile``: ``torch.compile`` each transformer block after tensor parallel and recompute,
+        before sharding (torchtitan's order; ``sampan.nn.compile``).
 
         sampan's model families (GPT, ERNIE, Llama / Qwen) declare their splits in their spec. A
         model sampan doesn't know brings its own: ``tp_plan`` (module-name pattern -> "colwise" |
@@ -202,7 +206,7 @@ class Fleet:
             strategy.validate_for_model(config.num_heads, config.num_layers, config.vocab_size, degrees,
                                         num_kv_heads=getattr(config, "num_kv_heads", None))
         if degrees["pp"] > 1:
-            return self._distributed_pipeline_model(model, tp_plan, pipeline_parts)
+            return self._distributed_pipeline_model(model, tp_plan, pipeline_parts, compile)
         old = {id(p): (weakref.ref(p), name) for name, p in model.named_parameters(remove_duplicate=False)}
         loss_parallel = False
         if degrees["mp"] > 1:
@@ -223,6 +227,7 @@ class Fleet:
                 apply_tensor_parallel(model, hcg.mesh["mp"], plan)
             loss_parallel = uses_loss_parallel(model, plan)
         apply_recompute(model, strategy.recompute)
+        apply_compile(model, compile)
         if hcg.data_world_size > 1:
             apply_sharding(model, hcg.data_mesh(), strategy.sharding_configs.stage)
         new = dict(model.named_parameters(remove_duplicate=False))
@@ -230,7 +235,7 @@ class Fleet:
         return DistributedModel(model, hcg, strategy, loss_parallel)
 
     def _distributed_pipeline_model(self, model: nn.Module, tp_plan: dict[str, str] | None,
-                                    parts: PipelineParts | None) -> DistributedModel:
+                                    parts: PipelineParts | None, compile: bool = False) -> DistributedModel:
         """pp > 1: keep only this rank's stages, then tensor parallel, recompute and sharding per stage."""
         hcg, strategy = self.hcg, self.strategy
         degrees = hcg.degrees
@@ -258,6 +263,8 @@ class Fleet:
                 apply_tensor_parallel(module, hcg.mesh["mp"], plan, require_match=False, sharded_logits=False,
                                       match_names=as_model)
             apply_recompute(module, strategy.recompute)
+            if compile and recompute_targets(module):  # the embedding / head stages have no blocks
+                apply_compile(module, compile)
             if hcg.data_world_size > 1:
                 apply_sharding(module, hcg.data_mesh(), strategy.sharding_configs.stage)
         news = [dict(m.named_parameters()) for _, m in stages]
@@ -269,7 +276,7 @@ class Fleet:
                 for pid in tied:
                     if pid in param_map and any(q is param_map[pid] for q in new.values()):
                         param_map[pid]._sampan_pipeline_duplicate = True
-        device = torch.device(env.default_device_type())
+        device = env.local_device()
         runner = PipelineRunner(stages, num_stages, hcg.get_pipe_parallel_group(), pipe.schedule_mode,
                                 pipe.accumulate_steps, parts.loss, device)
         sync = TiedWeightSync(hcg.mesh, tied_params) if tied else None

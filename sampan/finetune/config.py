@@ -96,6 +96,9 @@ class FinetuneConfig:
             only the trained weights (LoRA / adapter / head) plus a pointer to the base directory.
         tokenizer_vocab_size: vocabulary of the tokenizer trained when ``model`` is a config name.
         logging_steps: steps between progress / metrics lines.
+        device: where to train: "auto" (a CUDA GPU when there is one, else the CPU), "cpu", "cuda"
+            or "cuda:N".
+        compile: ``torch.compile`` each transformer block (pays a compile time up front).
     """
 
     task: str = "sentiment_analysis"
@@ -133,12 +136,17 @@ class FinetuneConfig:
     save: str = "merged"
     tokenizer_vocab_size: int = 8000
     logging_steps: int = 10
+    device: str = "auto"
+    compile: bool = False
 
     def __post_init__(self) -> None:
         def need(ok: bool, field: str, rule: str) -> None:
             if not ok:
                 raise ValueError(f"FinetuneConfig.{field} {rule}, got {getattr(self, field)!r}")
 
+        from sampan.utils.device import check_device_spec
+
+        self.device = check_device_spec(self.device)
         self.lora_targets, self.freeze = _names(self.lora_targets), _names(self.freeze)
         self.augment_types = _names(self.augment_types)
         need(self.task in TASKS, "task", f"must be one of {list(TASKS)}")

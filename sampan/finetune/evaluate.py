@@ -17,6 +17,7 @@ from sampan.finetune.data import TaskExample
 from sampan.finetune.encoding import Encoded, PadCollator
 from sampan.finetune.metrics import accuracy, flat_span_metrics, span_f1
 from sampan.finetune.tags import IGNORE, TagTransitions, count_transitions, decode_entities, tag_path
+from sampan.utils.device import device_of
 
 
 @torch.no_grad()
@@ -30,7 +31,7 @@ def predict_logits(model: torch.nn.Module, encoded: Sequence[Encoded], collator:
     model.eval()
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i].input_ids))
     out: list[torch.Tensor | None] = [None] * len(encoded)
-    device = next(model.parameters()).device
+    device = device_of(model)
     total, count = 0.0, 0
     try:
         for start in range(0, len(order), batch_size):

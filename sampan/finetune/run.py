@@ -25,6 +25,7 @@ from sampan.finetune.evaluate import (
 )
 from sampan.finetune.task_model import apply_method, save_task_model, trainable_state
 from sampan.trainer import Trainer, TrainerCallback, TrainingArguments
+from sampan.utils.device import resolve_device
 
 TRAINING_DIR = "training"  # the Trainer's run (metrics.jsonl, TensorBoard) inside output_dir
 
@@ -110,6 +111,7 @@ def finetune(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = None
     """
     if not isinstance(cfg, FinetuneConfig):
         raise TypeError("finetune() takes a sampan.finetune.FinetuneConfig")
+    resolve_device(cfg.device)  # a GPU that is not there fails now, not after the data is loaded
     out = Path(cfg.output_dir)
     _prepare_output_dir(out, cfg.overwrite)
     data = load_task_data(cfg.task, cfg.data, cfg.max_length, cfg.dev_fraction, cfg.seed,
@@ -149,7 +151,8 @@ def finetune(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = None
         per_device_eval_batch_size=cfg.batch_size, learning_rate=cfg.learning_rate, lr_scheduler="linear",
         warmup_steps=int(cfg.warmup * steps), weight_decay=cfg.weight_decay, seed=cfg.seed,
         logging_steps=min(cfg.logging_steps, steps), eval_steps=0, save_steps=0, overwrite_output_dir=True,
-        peak_flops=0, max_grad_norm=1.0, group_by_length=cfg.group_by_length)
+        peak_flops=0, max_grad_norm=1.0, group_by_length=cfg.group_by_length, device=cfg.device,
+        compile=cfg.compile)
     metric = SELECTION_METRIC[cfg.task]
     selection = DevSelection(
         lambda: evaluate_examples(model, cfg.task, data.dev, encode["dev"], data.labels, collator),

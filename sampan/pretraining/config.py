@@ -38,6 +38,11 @@ class PretrainConfig:
         overwrite: start over, deleting an earlier run's checkpoints and metrics in ``output_dir``.
         num_workers: background data-loading processes.
         model_overrides: ERNIE config fields to change (e.g. {"num_layers": 2}).
+        amp: None (fp32), "bf16", "fp16" or "auto" (bf16 where it is fast: GPUs, CPUs with
+            AVX512-BF16 / AMX; see ``TrainingArguments.amp``).
+        device: where to train: "auto" (a CUDA GPU when there is one, else the CPU), "cpu", "cuda"
+            or "cuda:N".
+        compile: ``torch.compile`` each transformer block (pays a compile time up front).
     """
 
     model: str = "ernie-tiny"
@@ -61,6 +66,9 @@ class PretrainConfig:
     overwrite: bool = False
     num_workers: int = 0
     model_overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
+    amp: str | None = None
+    device: str = "auto"
+    compile: bool = False
 
     def __post_init__(self) -> None:
         for name in ("features", "corpora"):
@@ -72,6 +80,9 @@ class PretrainConfig:
         if bad:
             raise ValueError(f"features {bad} unknown; choose from {list(FEATURE_NAMES)}")
         MaskingSchedule.parse(self.masking)  # validates, with a message naming the problem
+        from sampan.utils.device import check_device_spec
+
+        self.device = check_device_spec(self.device)
         for name in ("max_steps", "batch_size", "logging_steps"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
@@ -85,7 +96,7 @@ class PretrainConfig:
         return MaskingSchedule.parse(self.masking)
 
     def training_arguments(self) -> TrainingArguments:
-        """The Trainer side of the run (fp32: bf16 is emulated, hence slow, on AVX2-only CPUs)."""
+        """The Trainer side of the run (fp32 by default: bf16 is emulated, hence slow, on AVX2-only CPUs)."""
         return TrainingArguments(
             output_dir=self.output_dir, max_steps=self.max_steps, per_device_train_batch_size=self.batch_size,
             per_device_eval_batch_size=max(self.batch_size, 32), learning_rate=self.learning_rate,
@@ -93,5 +104,5 @@ class PretrainConfig:
             weight_decay=0.01, max_grad_norm=1.0, seed=self.seed, logging_steps=self.logging_steps,
             eval_steps=self.eval_steps, save_steps=self.save_steps or self.max_steps, save_total_limit=2,
             resume_from_checkpoint="auto" if self.resume else None, overwrite_output_dir=self.overwrite,
-            dataloader_num_workers=self.num_workers,
+            dataloader_num_workers=self.num_workers, amp=self.amp, device=self.device, compile=self.compile,
         )

@@ -16,6 +16,7 @@ from sampan.pretraining.batches import MLMBatcher
 from sampan.text.masking import IGNORE_INDEX, KnowledgeMasker, MaskingConfig
 from sampan.text.spans import GOLD_ENTITY_BEGIN, IN_GOLD_ENTITY
 from sampan.text.tokenizer import MASK_ID
+from sampan.utils.device import device_of
 
 
 def gold_entity_spans(flags: np.ndarray) -> list[tuple[int, int]]:
@@ -35,9 +36,11 @@ def gold_entity_spans(flags: np.ndarray) -> list[tuple[int, int]]:
 @torch.no_grad()
 def predict_masked(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """An ERNIE MLM model's argmax token at each labelled position of ``batch`` (row-major order)."""
+    device = device_of(model)
+    batch = {k: v.to(device) for k, v in batch.items()}
     labels = batch.pop("labels")
     hidden, _ = model.ernie(**batch)
-    return model.lm_head(hidden[labels != IGNORE_INDEX]).argmax(-1)
+    return model.lm_head(hidden[labels != IGNORE_INDEX]).argmax(-1).cpu()
 
 
 def _batches(items: list, size: int):
@@ -128,8 +131,9 @@ def output_similarity(model, dataset, batcher: MLMBatcher, max_rows: int = 64, m
             ids = np.stack([dataset.row(r)[0] for r in chunk])
             batch = batcher.finish(ids, ids, np.full_like(ids, IGNORE_INDEX))
             batch.pop("labels")
+            batch = {k: v.to(device_of(model)) for k, v in batch.items()}
             hidden, _ = model.ernie(**batch)
-            outputs.append(hidden[batch["attention_mask"].bool()])
+            outputs.append(hidden[batch["attention_mask"].bool()].float().cpu())
     finally:
         model.train(was_training)
     tokens = torch.cat(outputs)

@@ -14,6 +14,7 @@ from sampan.text.features import CharFeatures
 from sampan.text.masking import KnowledgeMasker, MaskingConfig
 from sampan.text.shards import SpanShardDataset
 from sampan.text.tokenizer import MASK_ID, PAD_ID, SPECIAL_TOKENS
+from sampan.utils.device import resolve_device
 
 
 def build_model(config: PretrainConfig, vocab_size: int, seq_len: int, features: CharFeatures):
@@ -38,6 +39,7 @@ def pretrain(config: PretrainConfig, callbacks=None) -> tuple[PretrainTrainer, d
     build's ``tokenizer.json`` and ``features.json`` beside it) goes to ``output_dir/model``."""
     import sampan
 
+    resolve_device(config.device)  # a GPU that is not there fails now, not after the data is read
     train = SpanShardDataset(config.data, "train", list(config.corpora) or None)
     manifest = train.manifest
     if config.pack:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 LR_SCHEDULERS = ("linear", "cosine", "constant", "wsd")
-AMP_MODES = (None, "bf16", "fp16")
+AMP_MODES = (None, "auto", "bf16", "fp16")
 RECOMPUTE_MODES = ("none", "full", "selective")
 
 
@@ -34,8 +34,18 @@ class TrainingArguments:
         adam_beta1 / adam_beta2 / adam_epsilon: AdamW hyper-parameters.
         max_grad_norm: clip the global gradient norm to this; 0 disables clipping (the norm is
             still logged).
-        amp: None (fp32), "bf16" (autocast; the fast CPU path) or "fp16" (autocast with dynamic
-            loss scaling: a step whose gradients hold inf/nan is skipped and the scale lowered).
+        amp: None (fp32), "bf16" (autocast), "fp16" (autocast with dynamic loss scaling: a step
+            whose gradients hold inf/nan is skipped and the scale lowered), or "auto": bf16 on a
+            GPU with bf16 units (fp16 on an older one), and on the CPU bf16 only where its bf16
+            matmuls are faster than fp32 (AVX512-BF16 / AMX), else fp32 (``sampan.amp.resolve_amp``).
+        device: where to train: "auto" (this process's CUDA GPU when there is one, else the CPU;
+            under ``torchrun`` / ``sampan launch`` rank r of a node takes ``cuda:$LOCAL_RANK``),
+            "cpu", "cuda" or "cuda:N" (an error when that GPU is not there). The model is moved
+            there before the optimizer is built; batches follow it (pinned memory, non-blocking
+            copies on a GPU).
+        compile: ``torch.compile`` each transformer block (after recompute is applied, before
+            sharding, the order torchtitan uses). The first steps pay the compile time; see
+            docs/gpu.md for when it pays back.
         recompute: "none", "full" (recompute every transformer block in backward) or "selective"
             (keep matmul and attention outputs, recompute the cheap element-wise ops).
         seed: seeds python, numpy and torch at the start, and the data order.
@@ -88,6 +98,8 @@ class TrainingArguments:
     adam_epsilon: float = 1e-8
     max_grad_norm: float = 1.0
     amp: str | None = None
+    device: str = "auto"
+    compile: bool = False
     recompute: str = "none"
     seed: int = 42
     logging_steps: int = 10
@@ -134,6 +146,9 @@ class TrainingArguments:
         if self.amp in ("none", ""):
             self.amp = None
         need(self.amp in AMP_MODES, "amp", f"must be one of {list(AMP_MODES)}")
+        from sampan.utils.device import check_device_spec
+
+        self.device = check_device_spec(self.device)
         need(self.recompute in RECOMPUTE_MODES, "recompute", f"must be one of {list(RECOMPUTE_MODES)}")
         need(self.save_total_limit is None or self.save_total_limit > 0, "save_total_limit",
              "must be > 0 or None (keep all)")

@@ -29,6 +29,7 @@ who am I                      rank 0 of 1, main, data rank 0 of 1         the pr
 from __future__ import annotations
 
 import abc
+import dataclasses
 import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -38,11 +39,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from sampan.amp import GradScaler
+from sampan.amp import GradScaler, resolve_amp
 from sampan.checkpoint import capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint
 from sampan.io import DataLoader
+from sampan.nn.compile import apply_compile
 from sampan.nn.recompute import apply_recompute
 from sampan.optimizer import AdamW
+from sampan.utils.device import resolve_device
 from sampan.utils.loss_weights import loss_token_count
 
 # compute_loss(model, batch) -> scalar loss; autocast() -> the forward passes' autocast context.
@@ -51,7 +54,11 @@ AutocastFn = Callable[[], AbstractContextManager]
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
-    """``batch`` (a tensor, or dicts / lists / tuples of them) moved to ``device``."""
+    """``batch`` (a tensor, or dicts / lists / tuples of them) moved to ``device``.
+
+    The copies are non-blocking, which overlaps them with compute when the batch comes from pinned
+    memory (the Trainer's loader pins on a GPU run); on the CPU they are no-ops.
+    """
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=True)
     if isinstance(batch, dict):
@@ -78,7 +85,9 @@ def build_optimizer(model: nn.Module, args, schedule) -> AdamW:
 class TrainingBackend(abc.ABC):
     """The part of a training run that depends on where it runs (see the module docstring).
 
-    Lifecycle: construct with the run's ``TrainingArguments``; the Trainer builds its data loader
+    Lifecycle: construct with the run's ``TrainingArguments``, which resolves ``device`` (the
+    ``torch.device`` to train on) and ``args`` (a copy whose ``amp`` "auto" is replaced by what it
+    means on that device, so nothing downstream sees "auto"); the Trainer builds its data loader
     from ``data_rank`` / ``data_world_size``, then calls ``setup(model, schedule)``, after which
     ``model``, ``optimizer``, ``scaler`` and ``device`` are the ones to train with.
 
@@ -89,11 +98,12 @@ class TrainingBackend(abc.ABC):
     """
 
     def __init__(self, args):
-        self.args = args
+        self.device = resolve_device(args.device)
+        amp = resolve_amp(args.amp, self.device)
+        self.args = args if amp == args.amp else dataclasses.replace(args, amp=amp)
         self.model: nn.Module | None = None
         self.optimizer: Any = None
         self.scaler: Any = None
-        self.device = torch.device("cpu")
 
     # -- who this process is --------------------------------------------------------------------
     @property
@@ -135,7 +145,6 @@ class TrainingBackend(abc.ABC):
         """Build the optimizer and loss scaler for ``model`` and place / wrap it for training."""
 
     def _build_optimizer_and_scaler(self, model: nn.Module, schedule) -> None:
-        self.device = next((p.device for p in model.parameters()), torch.device("cpu"))
         self.optimizer = build_optimizer(model, self.args, schedule)
         self.scaler = GradScaler(self.device.type, enable=self.args.amp == "fp16")
 
@@ -196,7 +205,7 @@ class TrainingBackend(abc.ABC):
 
 
 class LocalBackend(TrainingBackend):
-    """One process: the model stays where the caller put it; checkpoints are sampan's atomic ones."""
+    """One process: the model moves to ``args.device``; checkpoints are sampan's atomic ones."""
 
     @property
     def rank(self) -> int:
@@ -225,8 +234,11 @@ class LocalBackend(TrainingBackend):
         pass
 
     def setup(self, model: nn.Module, schedule) -> None:
-        self._build_optimizer_and_scaler(model, schedule)
+        # Placed first, so the optimizer's state is created next to the parameters it updates.
+        model.to(self.device)
         apply_recompute(model, self.args.recompute)
+        apply_compile(model, self.args.compile)  # after recompute: the compiled block holds the checkpoint
+        self._build_optimizer_and_scaler(model, schedule)
         self.model = model
 
     def forward_backward(self, micro: list[Any], compute_loss: LossFn, autocast: AutocastFn) -> float:

@@ -32,12 +32,14 @@ from torch import nn
 from sampan.checkpoint import capture_rng_state, load_checkpoint, restore_rng_state
 from sampan.checkpoint.discovery import checkpoint_dir_name
 from sampan.checkpoint.store import rotate_checkpoints
+from sampan.distributed import env
 from sampan.distributed.checkpoint import load_distributed, save_distributed
 from sampan.distributed.clip import HybridClipGradByGlobalNorm, global_grad_norm
 from sampan.distributed.fleet import Fleet
 from sampan.distributed.strategy import DistributedStrategy
 from sampan.io import DataLoader
 from sampan.trainer.backend import AutocastFn, LossFn, TrainingBackend, to_device
+from sampan.utils.device import local_rank
 from sampan.utils.loss_weights import loss_token_count
 
 TRAINER_STATE = "trainer_state"
@@ -86,6 +88,11 @@ class FleetBackend(TrainingBackend):
     def __init__(self, args):
         """Join the job's process group and build the topology (the model comes in ``setup``)."""
         super().__init__(args)
+        args = self.args  # amp resolved for the device
+        if self.device.type == "cuda" and self.device.index != local_rank():
+            raise ValueError(f"device {args.device!r} with a strategy: each rank trains on its own GPU "
+                             f"(cuda:$LOCAL_RANK = cuda:{local_rank()}); use device 'auto' or 'cuda'")
+        env.use_device(self.device)
         self.strategy = strategy_for(args)
         self.fleet = Fleet().init(is_collective=True, strategy=self.strategy)
         self.hcg = self.fleet.get_hybrid_communicate_group()
@@ -100,11 +107,12 @@ class FleetBackend(TrainingBackend):
     def setup(self, model: nn.Module, schedule) -> None:
         """Build the optimizer, split ``model`` by the strategy and point the optimizer at the split
         parameters (fleet applies recompute itself, inside each stage, before sharding)."""
+        model.to(self.device)  # before the optimizer, so its state is created next to the parameters
         self._build_optimizer_and_scaler(model, schedule)
         config = getattr(model, "config", None)
         # How to build the unsplit model again (for save_pretrained): its class and a copy of its config.
         self._rebuild = (type(model), copy.deepcopy(config)) if hasattr(model, "save_pretrained") else None
-        self.model = self.fleet.distributed_model(model)
+        self.model = self.fleet.distributed_model(model, compile=self.args.compile)
         self.optimizer = self.fleet.distributed_optimizer(self.optimizer)
         # Splitting places the parameters on the mesh's device (a GPU under NCCL): batches follow them.
         self.device = next((p.device for p in self.model.parameters()), self.device)

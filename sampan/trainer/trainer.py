@@ -102,6 +102,8 @@ class Trainer:
         self.output_dir = Path(args.output_dir)
         # With a strategy the run is one rank of a hybrid-parallel job (see backend.py, fleet_backend.py).
         self.backend: TrainingBackend = make_backend(args)
+        # The backend resolved the device and what amp="auto" means on it: train with its copy.
+        args = self.args = self.backend.args
         self.backend.check_compute_metrics(compute_metrics)
         self.is_main = self.backend.is_main
         data_world = self.backend.data_world_size
@@ -128,6 +130,7 @@ class Trainer:
             collate_fn=data_collator, num_workers=args.dataloader_num_workers,
             prefetch_factor=args.prefetch_factor, seed=args.seed, num_replicas=data_world,
             rank=self.backend.data_rank, lengths=lengths,
+            pin_memory=self.backend.device.type == "cuda",  # with to_device's non-blocking copies
         )
         self.max_steps = args.max_steps if args.max_steps > 0 else max(1, math.ceil(
             args.num_train_epochs * len(self.train_loader) / args.gradient_accumulation_steps))

@@ -54,6 +54,7 @@ def main() -> None:
     parser.add_argument("--kill-rank", type=int, default=-1)
     parser.add_argument("--kill-step", type=int, default=0)
     parser.add_argument("--dropout", type=float, default=0.0, help="dropout on embeddings, residuals, attention")
+    parser.add_argument("--compile", action="store_true", help="torch.compile each transformer block")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -68,12 +69,16 @@ def main() -> None:
         per_device_eval_batch_size=args.batch, gradient_accumulation_steps=2, learning_rate=1e-2,
         lr_scheduler="cosine", warmup_steps=2, weight_decay=0.1, max_grad_norm=0.5, seed=0, logging_steps=1,
         save_steps=args.save_steps, eval_steps=args.save_steps, resume_from_checkpoint=args.resume,
-        peak_flops=0, tensorboard=False, progress_bar=False,
+        peak_flops=0, tensorboard=False, progress_bar=False, compile=args.compile,
         strategy=json.loads(args.strategy) if args.strategy else None,
     )
     callbacks = [KillAt(args.kill_rank, args.kill_step)] if args.kill_rank >= 0 else []
     trainer = Trainer(model, training, train, eval_dataset=evaluation, callbacks=callbacks)
     trainer.train()
+    if args.compile:  # the run must really have gone through torch.compile, on every rank
+        from sampan.nn.compile import is_compiled
+
+        assert is_compiled(trainer.model), "compile=True but no module of the trained model is compiled"
     trainer.save_pretrained(f"{args.output_dir}/model")  # the whole model, whatever the layout
     if trainer.fleet is not None:
         from sampan.distributed.env import shutdown
