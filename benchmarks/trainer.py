@@ -53,8 +53,18 @@ dropout as configured) at ``--rc-seq-len``, for recompute "none", "full" and "se
 Goals: full recompute saves >= 60% of activation memory for <= 40% more step time; selective is
 reported beside it. Absolute times on a small shared CPU are noise; the ratios are the result.
 
+Part 3, ``torch.compile`` (``TrainingArguments.compile``: ``sampan.nn.compile.apply_compile``,
+each transformer block compiled after recompute). The part-1 GPT, eager against compiled, with
+recompute "none" and "full", from the same weights. Compile time is reported on its own: the
+first compiled step (dynamo tracing + inductor codegen + the C++ build, with a fresh, empty
+inductor cache so it is the cold figure a first run pays) minus the median eager step. Equal work:
+the first ``CHECK_STEPS`` losses of both sides agree to ``COMPILE_LOSS_TOL`` (inductor reorders
+float arithmetic, so not bit for bit). Then fwd + bwd + fused AdamW steps, eager and compiled in
+interleaved blocks (``time_interleaved``): the speed-up is the ratio of medians, and the
+break-even is the steps after which the saved time has paid for the compile.
+
     python benchmarks/trainer.py                           # defaults, writes benchmarks/results/trainer.json
-    python benchmarks/trainer.py --quick --out /tmp/t.json # smoke run, seconds
+    python benchmarks/trainer.py --quick --out /tmp/t.json # smoke run, under a minute
 """
 
 from __future__ import annotations
@@ -89,21 +99,24 @@ from _common import (
 )
 from sampan.io import TokenWindowDataset, default_collate
 from sampan.models import registry
+from sampan.nn.compile import apply_compile
 from sampan.trainer import Trainer, TrainerCallback, TrainingArguments, apply_recompute
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "trainer.json"
 DEFAULTS = dict(hidden=256, layers=4, heads=4, vocab=8192, seq_len=256, batch=4, block_steps=1, blocks=60,
                 warmup_blocks=5, logging_steps=10, workers=2, worker_steps=30, rc_hidden=256, rc_layers=4, rc_heads=4,
-                rc_seq_len=512, rc_batch=4, rc_gpt_vocab=8192, rc_ernie_vocab=21128, rc_repeats=7)
+                rc_seq_len=512, rc_batch=4, rc_gpt_vocab=8192, rc_ernie_vocab=21128, rc_repeats=7,
+                compile_repeats=15)
 QUICK = dict(hidden=32, layers=2, heads=2, vocab=128, seq_len=16, batch=2, block_steps=1, blocks=6,
              warmup_blocks=2, logging_steps=2, workers=1, worker_steps=6, rc_hidden=32, rc_layers=2, rc_heads=2,
-             rc_seq_len=32, rc_batch=2, rc_gpt_vocab=128, rc_ernie_vocab=128, rc_repeats=2)
+             rc_seq_len=32, rc_batch=2, rc_gpt_vocab=128, rc_ernie_vocab=128, rc_repeats=2, compile_repeats=2)
 SEED = 1234
 LR, BETAS, EPS, WEIGHT_DECAY, MAX_GRAD_NORM = 3e-4, (0.9, 0.95), 1e-8, 0.01, 1.0
 WARMUP_STEPS, MIN_LR_RATIO = 5, 0.1
 CHECK_STEPS = 3
 LOSS_TOL, PARAM_TOL, LR_TOL = 1e-5, 1e-5, 1e-12
 RC_LOSS_TOL, RC_GRAD_TOL = 1e-5, 1e-5  # gradients: max |diff| relative to max |grad|
+COMPILE_LOSS_TOL = 1e-4  # relative; inductor's fused kernels sum in another order
 MLM_RATIO = 0.15
 GOALS = {"trainer_ratio_max": 1.03, "data_wait_pct_max": 2.0, "full_saving_pct_min": 60.0,
          "full_overhead_pct_max": 40.0}
@@ -137,6 +150,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     r.add_argument("--rc-gpt-vocab", type=int, help=f"GPT vocabulary (default {d['rc_gpt_vocab']})")
     r.add_argument("--rc-ernie-vocab", type=int, help=f"ERNIE vocabulary (default {d['rc_ernie_vocab']})")
     r.add_argument("--rc-repeats", type=int, help=f"timed steps per mode, interleaved (default {d['rc_repeats']})")
+    c = parser.add_argument_group("part 3: torch.compile (the part-1 GPT)")
+    c.add_argument("--compile-repeats", type=int,
+                   help=f"timed steps per side, interleaved (default {d['compile_repeats']})")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--quick", action="store_true",
                         help="tiny shapes and few steps (smoke test); writes JSON only when --out is given")
@@ -569,6 +585,88 @@ def part_recompute(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+# --- part 3: torch.compile -----------------------------------------------------------------------
+def compile_one(base: torch.nn.Module, batch: dict[str, torch.Tensor], recompute: str, repeats: int,
+                cache_dir: Path) -> dict[str, Any]:
+    """Eager against per-block compiled ``base`` (both with ``recompute``): compile time, equal
+    work, interleaved step times."""
+    import torch._dynamo
+
+    torch._dynamo.reset()  # no graph of an earlier configuration is reused
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)  # empty: the cold compile a first run pays
+    sides: dict[str, Any] = {}
+    for side in ("eager", "compiled"):
+        model = copy.deepcopy(base).train()
+        apply_recompute(model, recompute)
+        if side == "compiled" and apply_compile(model) == 0:
+            raise RuntimeError("apply_compile compiled no blocks")
+        opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY,
+                                fused=True)
+
+        def step(model=model, opt=opt) -> float:
+            loss = model(**batch)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return float(loss)
+
+        sides[side] = step
+    losses: dict[str, list[float]] = {"eager": [], "compiled": []}
+    first: dict[str, float] = {}
+    for side, step in sides.items():  # the same steps from the same weights: equal work
+        for i in range(CHECK_STEPS):
+            start = time.perf_counter()
+            losses[side].append(step())
+            if i == 0:
+                first[side] = time.perf_counter() - start
+    diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses["compiled"], losses["eager"], strict=True))
+    if diff > COMPILE_LOSS_TOL:
+        raise RuntimeError(f"compiled (recompute={recompute}) differs from eager: losses {losses['compiled']} "
+                           f"against {losses['eager']} (relative {diff:.3g} > {COMPILE_LOSS_TOL})")
+    timings = time_interleaved(sides, steps=1, repeats=repeats, warmup=1)
+    eager, compiled = timings["eager"].median, timings["compiled"].median
+    compile_s = first["compiled"] - eager
+    saved = eager - compiled
+    return {
+        "recompute": recompute,
+        "compile_s": compile_s,
+        "first_step_s": first,
+        "eager": timings["eager"].as_dict(),
+        "compiled": timings["compiled"].as_dict(),
+        "speedup_median_step": eager / compiled,
+        "speedup_paired_median": statistics.median(
+            a / b for a, b in zip(timings["eager"].per_step, timings["compiled"].per_step, strict=True)),
+        "break_even_steps": compile_s / saved if saved > 0 else None,
+        "equal_work": {"losses_eager": losses["eager"], "losses_compiled": losses["compiled"],
+                       "max_rel_diff": diff, "tolerance": COMPILE_LOSS_TOL},
+    }
+
+
+def part_compile(args: argparse.Namespace) -> dict[str, Any]:
+    h, layers, heads, seq, b = args.hidden, args.layers, args.heads, args.seq_len, args.batch
+    cfg = registry.get_config("gpt-tiny", hidden_size=h, num_layers=layers, num_heads=heads, vocab_size=args.vocab,
+                              max_position_embeddings=seq, intermediate_size=4 * h)
+    gen = torch.Generator().manual_seed(SEED)
+    ids = torch.randint(0, args.vocab, (b, seq), generator=gen)
+    torch.manual_seed(SEED)
+    base = registry.create(cfg).train()
+    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    out: dict[str, Any] = {"config": {"model": "gpt-tiny", "hidden": h, "layers": layers, "heads": heads,
+                                      "seq_len": seq, "batch": b, "vocab": args.vocab, "dtype": "float32",
+                                      "params": sum(p.numel() for p in base.parameters())}}
+    try:
+        for recompute in ("none", "full"):
+            with tempfile.TemporaryDirectory(prefix="sampan-bench-inductor-") as cache:
+                out[f"recompute_{recompute}"] = compile_one(base, {"input_ids": ids, "labels": ids}, recompute,
+                                                            args.compile_repeats, Path(cache))
+    finally:
+        if before is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
+    return out
+
+
 # --- report --------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> dict:
     from rich.console import Console
@@ -587,7 +685,10 @@ def main(argv: list[str] | None = None) -> dict:
     t_mid = time.perf_counter()
     p2 = part_recompute(args)
     loads.append(load_average())
-    part_wall = {"trainer_vs_hand": t_mid - t_start, "recompute": time.perf_counter() - t_mid}
+    t_rc = time.perf_counter()
+    p3 = part_compile(args)
+    loads.append(load_average())
+    part_wall = {"trainer_vs_hand": t_mid - t_start, "recompute": t_rc - t_mid, "compile": time.perf_counter() - t_rc}
     high, note = load_note(loads, os.cpu_count() or 1)
 
     goals = {
@@ -610,7 +711,7 @@ def main(argv: list[str] | None = None) -> dict:
         "torch_version": torch.__version__,
         "threads": threads,
         "machine": machine_info(),
-        "loadavg_start_mid_end": loads,
+        "loadavg_start_parts_end": loads,
         "load_high": high,
         "load_note": note,
         "quick": args.quick,
@@ -618,6 +719,7 @@ def main(argv: list[str] | None = None) -> dict:
         "wall_s_per_part": part_wall,
         "trainer_vs_hand": p1,
         "recompute": p2,
+        "compile": p3,
         "goals": goals,
         "all_goals_met": all(g["met"] for g in goals.values()),
     }
@@ -661,6 +763,17 @@ def main(argv: list[str] | None = None) -> dict:
                   "forward minus before (cross-check); hooks = what an outer saved_tensors_hooks sees (blind to "
                   "selective's cache); overhead = median step vs none, paired = median of per-repeat ratios; ernie_dropout0 = "
                   "ernie without dropout (diagnostic)", highlight=False)
+    c = p3["config"]
+    t4 = Table(title=f"torch.compile per block  GPT h={c['hidden']} L={c['layers']} s={c['seq_len']} b={c['batch']} "
+                     "fp32 (compile = cold first compiled step minus an eager step)")
+    for col in ("recompute", "eager ms", "compiled ms", "speed-up", "paired", "compile s", "break-even steps"):
+        t4.add_column(col, justify="right" if col != "recompute" else "left")
+    for key in ("recompute_none", "recompute_full"):
+        r = p3[key]
+        t4.add_row(r["recompute"], ms(r["eager"]["median_step_s"]), ms(r["compiled"]["median_step_s"]),
+                   f"{r['speedup_median_step']:.2f}x", f"{r['speedup_paired_median']:.2f}x", f"{r['compile_s']:.1f}",
+                   "never" if r["break_even_steps"] is None else f"{r['break_even_steps']:.0f}")
+    console.print(t4)
     for name, g in goals.items():
         console.print(f"{'[green]met[/green]' if g['met'] else '[red]NOT met[/red]'}  {name}: {g['value']} "
                       f"(goal {g['goal']})", highlight=False)

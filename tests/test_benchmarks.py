@@ -48,6 +48,12 @@ def test_trainer_quick(tmp_path):
         # Full recompute keeps less for backward than none; both memory methods agree.
         assert 0 < modes["full"]["activation_mib"] < modes["none"]["activation_mib"]
         assert result["recompute"][name]["memory_cross_check_max_rel_diff"] < 0.05
+    # torch.compile: the compiled blocks did the eager work, and the cold compile is timed apart.
+    for key in ("recompute_none", "recompute_full"):
+        part = result["compile"][key]
+        assert part["equal_work"]["max_rel_diff"] <= part["equal_work"]["tolerance"]
+        assert part["compile_s"] > 0 and part["compiled"]["median_step_s"] > 0
+        assert part["first_step_s"]["compiled"] > part["compiled"]["median_step_s"]  # the first one compiled
 
 
 @pytest.mark.timeout(400)
