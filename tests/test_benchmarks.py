@@ -216,3 +216,35 @@ def test_hf_parity_quick_checks_equal_work_before_timing(tmp_path):
                                                          / case["train_step"]["transformers"]["median_step_s"])
         assert all(b > 0 for b in case["saved_for_backward_bytes"].values())
         assert all(t > 0 for t in case["generate"]["tokens_per_s"].values())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_gpu_script_runs_its_code_paths_on_the_cpu(tmp_path):
+    """``benchmarks/gpu.py --device cpu --quick``: every section of the script a lent GPU runs,
+    at toy shapes, so the script cannot rot between GPU loans."""
+    out = tmp_path / "gpu.json"
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--device", "cpu", "--quick",
+                          "--budget-s", "100000", "--out", str(out)], capture_output=True, text=True, timeout=580)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["complete"] and result["failed_sections"] == []
+    sections = result["sections"]
+    assert set(sections) == {"train", "recompute", "largest_batch", "to_static_decode", "predictor"}
+    assert all("error" not in s and "skipped" not in s for s in sections.values())
+    for name in ("gpt-1.3b", "llama3.2-1b"):
+        row = sections["train"][name]
+        assert row["equal_work_loss_rel_diff"] <= 2e-4  # sampan and the plain-PyTorch twin: one model
+        for mode in ("eager", "compiled"):
+            for side in ("sampan", "plain"):
+                timing = row[mode]["sides"][side]
+                assert timing["median_step_s"] > 0 and 0 < timing["mfu"] < 1
+        assert set(row["compiled"]["compile_s"]) == {"sampan", "plain"}
+    modes = sections["recompute"]["modes"]
+    assert set(modes) == {"none", "full", "selective"} and all(m["median_step_s"] > 0 for m in modes.values())
+    for mode in ("recompute_none", "recompute_full"):  # nothing runs out of memory at toy shapes
+        assert sections["largest_batch"][mode]["largest_batch"] == 4 and sections["largest_batch"][mode]["hit_cap"]
+    decode = sections["to_static_decode"]
+    assert decode["graph_breaks"] == 0 and decode["speedup"] > 0
+    for row in sections["predictor"]["rows"].values():
+        assert row["max_abs_diff"] <= 1e-3 and row["predictor_ms"] > 0

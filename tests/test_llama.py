@@ -51,7 +51,7 @@ def test_derived_fields_follow_replace_and_round_trip():
 PUBLISHED = {"llama2-7b": 6_738_415_616, "llama3-8b": 8_030_261_248, "llama3-70b": 70_553_706_496,
              "llama3-405b": 405_853_388_800, "qwen2.5-0.5b": 494_032_768, "qwen2.5-1.5b": 1_543_714_304,
              "qwen2.5-7b": 7_615_616_512, "qwen2.5-72b": 72_706_203_648, "qwen3-0.6b": 596_049_920,
-             "qwen3-8b": 8_190_735_360}
+             "qwen3-8b": 8_190_735_360, "llama3.2-1b": 1_235_814_400}
 
 
 @pytest.mark.parametrize("name", LLAMA_NAMES)

@@ -192,9 +192,9 @@ class LlamaConfig(ModelConfig):
         return changes
 
 
-def _llama3_rope(original_max: int = 8192) -> dict[str, Any]:
-    # Llama 3.1's long-context RoPE (Meta's published settings for every 3.1 size).
-    return {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+def _llama3_rope(original_max: int = 8192, factor: float = 8.0) -> dict[str, Any]:
+    # Llama 3.1's long-context RoPE (Meta's published settings for every 3.1 size; 3.2 uses factor 32).
+    return {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
             "original_max_position_embeddings": original_max}
 
 
@@ -227,6 +227,9 @@ CONFIGS = {
                                intermediate_size=14336),
     "llama3-70b": LlamaConfig(**_LLAMA3, hidden_size=8192, num_layers=80, num_heads=64, num_kv_heads=8,
                               intermediate_size=28672, max_position_embeddings=8192, eos_token_id=128001),
+    "llama3.2-1b": LlamaConfig(**{**_LLAMA31, "rope_scaling": _llama3_rope(factor=32.0)}, hidden_size=2048,
+                               num_layers=16, num_heads=32, num_kv_heads=8, intermediate_size=8192,
+                               tie_word_embeddings=True),
     "llama3-405b": LlamaConfig(**_LLAMA31, hidden_size=16384, num_layers=126, num_heads=128, num_kv_heads=8,
                                intermediate_size=53248),
     "qwen2.5-0.5b": LlamaConfig(**_QWEN2, hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2,
