@@ -17,6 +17,11 @@ def parse_options(pairs: list[str]) -> dict[str, object]:
     return parse_assignments(pairs, "--option", "max_new_tokens=32")
 
 
+# Taskflow keywords that have their own flag here, and the flag.
+_FLAGS = {"model": "--model", "batch_size": "--batch-size", "max_length": "--max-length",
+          "precision": "--precision", "device": "--device"}
+
+
 def run(args: argparse.Namespace) -> int:
     if not args.task and not args.list:
         raise ValueError("name a task (sampan task --list shows them)")
@@ -26,9 +31,12 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(Taskflow.tasks(), ensure_ascii=False, indent=2))
         return 0
     options = parse_options(args.option)
+    for key, flag in _FLAGS.items():  # given twice, Taskflow would get the keyword twice (a TypeError)
+        if key in options:
+            raise ValueError(f"--option {key}=...: sampan task has a flag for it; use {flag}")
     texts = args.text or [line.rstrip("\n") for line in sys.stdin if line.strip()]
     flow = Taskflow(args.task, model=args.model, batch_size=args.batch_size, max_length=args.max_length,
-                    precision=args.precision, **options)
+                    precision=args.precision, device=args.device, **options)
     for result in flow(texts):
         print(json.dumps(result, ensure_ascii=False))
     return 0
@@ -49,6 +57,11 @@ def register(subparsers) -> None:
                       help="tokens per text the model sees; longer ones are truncated with a warning "
                            "(ner tags them window by window) (default: 128)")
     task.add_argument("--precision", choices=("fp32", "int8"), default="fp32", help="(default: fp32)")
+    task.add_argument("--device", default="auto",
+                      help="where the model runs: auto (a GPU when the backend can use one, else the CPU), cpu, "
+                           "cuda or cuda:N. The tasks run on ONNX Runtime, which needs the onnxruntime-gpu wheel "
+                           "for a GPU (with plain onnxruntime, auto is the CPU and cuda an error naming the fix); "
+                           "--option backend=torch runs the .pt2 on the GPU torch sees (default: auto)")
     task.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                       help="a task option, repeatable: max_new_tokens, min_new_tokens, temperature, top_k, "
                            "repetition_penalty, seed (generation); line_chars, lines (poetry); top_k (fill_mask)")

@@ -8,7 +8,9 @@
     logits, = predictor.run({"input_ids": ids, "attention_mask": mask})
 
 Backends: ONNX Runtime (the ``.onnx``, default) and torch (the ``.pt2``); ``precision="int8"``
-quantizes the weights with ONNX Runtime's dynamic quantization. See docs/inference.md.
+quantizes the weights with ONNX Runtime's dynamic quantization. Either backend runs on a GPU with
+``Config(dir, device="cuda")`` or Paddle's ``config.enable_use_gpu()`` (ONNX Runtime through the
+onnxruntime-gpu wheel; ``sampan.inference.device``). See docs/inference.md.
 
 The predictor side imports no torch (ONNX Runtime and numpy only), so running an exported model
 does not pay torch's import time; the export functions, which run torch, load on first use.

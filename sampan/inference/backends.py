@@ -1,4 +1,5 @@
-"""The two engines a Predictor runs on: ONNX Runtime (the ``.onnx``) and torch (the ``.pt2``)."""
+"""The two engines a Predictor runs on: ONNX Runtime (the ``.onnx``) and torch (the ``.pt2``), each
+on the CPU or a CUDA GPU (``sampan.inference.device`` decides which)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sampan.inference.device import check_session_providers, ort_providers
 from sampan.inference.fused import ORT_DISABLED_OPTIMIZERS, fused_session
 
 
@@ -25,26 +27,32 @@ def ort_session_options(num_threads: int | None = None):
 
 
 class OnnxRuntimeBackend:
-    """An ``onnxruntime.InferenceSession`` on CPU with every graph optimization enabled but one
+    """An ``onnxruntime.InferenceSession`` with every graph optimization enabled but one
     (``sampan.inference.fused.ORT_DISABLED_OPTIMIZERS``, slower on CPU than without), on the graph
     with onnxscript's ONNX Runtime fusions applied (``sampan.inference.fused``, cached beside the
-    export; ``fuse=False``: the file as exported).
+    export; ``fuse=False``: the file as exported), on the CPU or, for a GPU ``device``, on ONNX
+    Runtime's CUDA provider (``sampan.inference.device.ort_providers``).
 
     Attributes:
         fusions: how many of each fusion applied (empty when ``fuse`` is off or nothing matched).
+        device: where the session runs, "cpu" or "cuda:N".
     """
 
-    def __init__(self, path: Path, input_names: Sequence[str], num_threads: int | None = None, fuse: bool = True):
+    def __init__(self, path: Path, input_names: Sequence[str], num_threads: int | None = None, fuse: bool = True,
+                 device: str = "cpu"):
         import onnxruntime
 
+        # Before any session is made: a GPU this ONNX Runtime cannot use fails here, in one line.
+        providers = ort_providers(device, onnxruntime.get_available_providers(), onnxruntime.__version__)
         options = ort_session_options(num_threads)
         self.fusions: dict[str, int] = {}
         self.session = None
 
         def open_session(graph: Path):
             # Without SkipLayerNormFusion: ORT's CPU kernel for it is slower than what it fuses
-            # (sampan.inference.fused), on the exported graph as much as on the fused one.
-            return onnxruntime.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"],
+            # (sampan.inference.fused), on the exported graph as much as on the fused one. The fused
+            # file holds standard and com.microsoft ops that the CUDA provider runs too.
+            return onnxruntime.InferenceSession(str(graph), options, providers=providers,
                                                 disabled_optimizers=list(ORT_DISABLED_OPTIMIZERS))
 
         if fuse:
@@ -55,6 +63,7 @@ class OnnxRuntimeBackend:
                               "running the graph as exported (Config(fuse=False) skips the attempt)", stacklevel=3)
         if self.session is None:
             self.session = open_session(path)
+        self.device = check_session_providers(device, providers, self.session.get_providers())
         found = [i.name for i in self.session.get_inputs()]
         if sorted(found) != sorted(input_names):
             raise ValueError(f"{path.name} takes inputs {found} but inference.json lists {list(input_names)}: "
@@ -65,18 +74,43 @@ class OnnxRuntimeBackend:
         return self.session.run(None, dict(zip(self._input_names, arrays, strict=True)))
 
 
+def load_program(path: Path, device):
+    """The ``torch.export`` program at ``path`` as a callable module on ``device`` (a ``torch.device``).
+
+    Off the CPU the program is moved by ``torch.export.passes.move_to_device_pass`` before
+    ``.module()``: export bakes the device of tensors made inside ``forward`` (``torch.arange(...,
+    device=x.device)`` becomes a ``device=cpu`` argument in the graph), and ``.module().to(device)``
+    would move the weights but leave those on the CPU, so the first op mixing them would fail.
+    """
+    import torch
+
+    program = torch.export.load(path)
+    if device.type != "cpu":
+        from torch.export.passes import move_to_device_pass
+
+        program = move_to_device_pass(program, device)
+    return program.module()
+
+
 class TorchBackend:
-    """The ``torch.export`` program, loaded by ``sampan.jit.load`` (no Python source needed)."""
+    """The ``torch.export`` program (no Python source needed), on the CPU or a GPU: inputs go to
+    its device, outputs come back as CPU numpy arrays.
 
-    def __init__(self, prefix: Path):
-        from sampan.jit import load
+    Attributes:
+        device: where it runs, "cpu" or "cuda:N".
+    """
 
-        self.function = load(prefix, backend="pt2")
+    def __init__(self, path: Path, device: str = "cpu"):
+        from sampan.utils.device import resolve_device
+
+        self._device = resolve_device(device)  # no GPU there: a DeviceError saying what there is
+        self.device = str(self._device)
+        self.function = load_program(path, self._device)
 
     def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         import torch
 
         with torch.no_grad():
-            out = self.function(*(torch.from_numpy(a) for a in arrays))
+            out = self.function(*(torch.from_numpy(a).to(self._device) for a in arrays))
         outs = out if isinstance(out, (tuple, list)) else [out]
         return [o.detach().cpu().numpy() for o in outs]

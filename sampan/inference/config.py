@@ -1,4 +1,4 @@
-"""``Config``: which exported model to run, on which backend, at which precision."""
+"""``Config``: which exported model to run, on which backend and device, at which precision."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import json
 import os
 from pathlib import Path
 from typing import Any
+
+from sampan.inference.device import cuda_index, is_gpu, normalize_device
 
 # The file stem `sampan.jit.save` is given inside an inference directory.
 MODEL_PREFIX = "inference"
@@ -24,8 +26,8 @@ class Config:
             ``inference.pt2`` as written by ``sampan.jit.save(fn, DIR / "inference", ...)``
             (``export_model`` / ``export_pretrained`` / ``sampan export`` write one). Other files
             there (tokenizer.json, task.json, config.json) are ignored.
-        backend: "onnxruntime" (default: ONNX Runtime on CPU with all graph optimizations) or
-            "torch" (the ``.pt2`` program through ``sampan.jit.load``).
+        backend: "onnxruntime" (default: ONNX Runtime with all graph optimizations) or
+            "torch" (the ``.pt2`` program, loaded by ``torch.export.load``).
         num_threads: ONNX Runtime intra-op threads (None: one per core). The torch backend uses
             torch's own pool (``torch.set_num_threads``), which is process-wide, so it is not set here.
         precision: "fp32", or "int8": weights dynamically quantized to int8 by ONNX Runtime
@@ -35,6 +37,12 @@ class Config:
             on CPU: ``sampan.inference.fused``), made once into
             ``inference.ort.onnx`` and reused; ``inference.onnx`` is not changed. False runs the
             graph exactly as exported.
+        device: where the predictor runs: "cpu" (default), "cuda" / "cuda:N" (Paddle's "gpu" /
+            "gpu:N" too), or "auto" (the GPU when the backend can use one, else the CPU). The
+            torch backend runs the ``.pt2`` on the GPU torch sees; ONNX Runtime needs the
+            ``onnxruntime-gpu`` wheel (``sampan.inference.device``). Only the spelling is checked
+            here, on any machine; ``create_predictor`` checks the hardware. Paddle's
+            ``enable_use_gpu`` / ``disable_gpu`` set it.
     """
 
     model_dir: str | os.PathLike[str]
@@ -42,6 +50,7 @@ class Config:
     num_threads: int | None = None
     precision: str = "fp32"
     fuse: bool = True
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         self.model_dir = Path(self.model_dir)
@@ -72,6 +81,7 @@ class Config:
             raise ValueError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
+        self.device = normalize_device(self.device)  # a DeviceError (ValueError) names the spellings
         if not isinstance(self.fuse, bool):
             raise ValueError(f"fuse must be True or False, got {self.fuse!r}")
         if self.precision == "int8" and self.backend != "onnxruntime":
@@ -110,6 +120,35 @@ class Config:
     def switch_ir_optim(self, enabled: bool = True) -> None:
         """Paddle's switch for graph-level fusion passes; here onnxscript's ONNX Runtime fusions, ``fuse=``."""
         self._set(fuse=enabled)
+
+    def enable_use_gpu(self, memory_pool_init_size_mb: int = 100, device_id: int = 0) -> None:
+        """Run on GPU ``device_id`` (``device="cuda:N"``); Paddle's signature.
+
+        ``memory_pool_init_size_mb`` is accepted, so Paddle code runs unchanged, and ignored: Paddle
+        reserves a pool of that size up front, while torch's CUDA caching allocator and ONNX Runtime's
+        CUDA arena both grow on demand and reuse what they freed, so there is nothing to size here.
+        Like every setter it checks the spelling only; ``create_predictor`` checks that the GPU is there.
+        """
+        if isinstance(memory_pool_init_size_mb, bool) or not isinstance(memory_pool_init_size_mb, (int, float)) \
+                or memory_pool_init_size_mb < 0:
+            raise ValueError(f"memory_pool_init_size_mb must be a number of MB >= 0, got {memory_pool_init_size_mb!r}")
+        if isinstance(device_id, bool) or not isinstance(device_id, int) or device_id < 0:
+            raise ValueError(f"device_id must be a GPU index (an int >= 0), got {device_id!r}")
+        self._set(device=f"cuda:{device_id}")
+
+    def disable_gpu(self) -> None:
+        """Run on the CPU (``device="cpu"``)."""
+        self._set(device="cpu")
+
+    def use_gpu(self) -> bool:
+        """Whether this config asks for a GPU ("cuda" / "cuda:N"). False for "auto", which lets the
+        predictor decide: ``Predictor.device`` says where it runs."""
+        return is_gpu(self.device)
+
+    def gpu_device_id(self) -> int:
+        """The GPU index this config names: N of "cuda:N"; this process's ``LOCAL_RANK`` for "cuda"
+        and "auto" (what they pick on a GPU machine); 0 for the CPU, as in Paddle."""
+        return 0 if self.device == "cpu" else cuda_index(self.device)
 
     def _set(self, **changes: Any) -> None:
         old = {k: getattr(self, k) for k in changes}

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from sampan.inference.backends import OnnxRuntimeBackend, TorchBackend
-from sampan.inference.config import MODEL_PREFIX, Config
+from sampan.inference.config import Config
 from sampan.inference.inputs import TensorSpec, prepare_inputs
 from sampan.inference.int8 import int8_model_path
 
@@ -61,9 +61,10 @@ class OutputHandle:
 class Predictor:
     """An exported model ready to run: ``run(inputs) -> [outputs]`` or Paddle's handle style.
 
-    Built by :func:`create_predictor`. Inputs are validated against ``inference.json`` (names,
-    rank, fixed and tied sizes, dtypes: narrower ints are widened, floats are never turned into
-    ints) before they reach the backend.
+    Built by :func:`create_predictor`, on the device ``config.device`` names (a GPU that is not
+    there, or that the backend cannot use, is a ``DeviceError`` naming the fix). Inputs are
+    validated against ``inference.json`` (names, rank, fixed and tied sizes, dtypes: narrower ints
+    are widened, floats are never turned into ints) before they reach the backend.
     """
 
     def __init__(self, config: Config):
@@ -75,12 +76,19 @@ class Predictor:
         input_names = [s.name for s in self._input_specs]
         if config.backend == "torch":
             self.model_path = config.pt2_path
-            self._backend: OnnxRuntimeBackend | TorchBackend = TorchBackend(config.model_dir / MODEL_PREFIX)
+            self._backend: OnnxRuntimeBackend | TorchBackend = TorchBackend(config.pt2_path, config.device)
         else:
             self.model_path = int8_model_path(config.onnx_path) if config.precision == "int8" else config.onnx_path
-            self._backend = OnnxRuntimeBackend(self.model_path, input_names, config.num_threads, config.fuse)
+            self._backend = OnnxRuntimeBackend(self.model_path, input_names, config.num_threads, config.fuse,
+                                               config.device)
         self._inputs = {s.name: InputHandle(s) for s in self._input_specs}
         self._outputs = {n: OutputHandle(n) for n in self._output_names}
+
+    @property
+    def device(self) -> str:
+        """Where the model runs: "cpu" or "cuda:N" (``Config.device`` "auto" resolved). Inputs and
+        outputs are numpy arrays on the host either way."""
+        return self._backend.device
 
     @property
     def fusions(self) -> dict[str, int]:

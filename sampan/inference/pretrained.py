@@ -109,15 +109,36 @@ def _verification_inputs(wrapper: nn.Module, n_inputs: int) -> list[list[torch.T
     return cases
 
 
-def _verifier(wrapper: nn.Module, n_inputs: int):
-    """Check a finished directory: both files, at several shapes, equal the eager model."""
+def verify_devices(device: str = "cpu") -> dict[str, str]:
+    """Where the export check runs each program for the spec ``device``: ``{"torch": ..., "onnxruntime":
+    ...}``, each "cpu" or "cuda:N".
+
+    The ``.pt2`` runs where torch puts ``device`` (a GPU spec and no GPU: a ``DeviceError``). The
+    ``.onnx`` runs on ONNX Runtime's CUDA provider when this ONNX Runtime has one, and on the CPU
+    otherwise (the plain onnxruntime wheel): the check still covers the file, only not on the GPU.
+    """
+    from sampan.inference.device import CUDA_PROVIDER, normalize_device, predictor_device
+
+    device = normalize_device(device)
+    if device == "cpu":
+        return {"torch": "cpu", "onnxruntime": "cpu"}
+    import onnxruntime
+
+    on_ort = device if CUDA_PROVIDER in onnxruntime.get_available_providers() else "cpu"
+    return {"torch": predictor_device(device, "torch"), "onnxruntime": predictor_device(on_ort, "onnxruntime")}
+
+
+def _verifier(wrapper: nn.Module, n_inputs: int, device: str = "cpu"):
+    """Check a finished directory: both files, at several shapes, on ``verify_devices(device)``,
+    equal the eager model (which runs on the CPU, in float32, as exported)."""
+    devices = verify_devices(device)  # before the export: a GPU that is not there fails at once
 
     def verify(directory: Path) -> None:
         from sampan.inference.config import Config
         from sampan.inference.predictor import create_predictor
 
         backends = ["torch"] + (["onnxruntime"] if (directory / f"{MODEL_PREFIX}.onnx").is_file() else [])
-        predictors = {b: create_predictor(Config(directory, backend=b)) for b in backends}
+        predictors = {b: create_predictor(Config(directory, backend=b, device=devices[b])) for b in backends}
         for inputs in _verification_inputs(wrapper, n_inputs):
             with torch.no_grad():
                 expected = wrapper(*inputs).numpy()
@@ -125,7 +146,8 @@ def _verifier(wrapper: nn.Module, n_inputs: int):
                 got = predictor.run([t.numpy() for t in inputs])[0]
                 diff = float(np.abs(got - expected).max()) if got.shape == expected.shape else float("inf")
                 if not diff <= VERIFY_TOLERANCE * max(1.0, float(np.abs(expected).max())):
-                    raise RuntimeError(f"the exported {backend} graph differs from the eager model at input shape "
+                    raise RuntimeError(f"the exported {backend} graph on {devices[backend]} differs from the eager "
+                                       f"model at input shape "
                                        f"{list(inputs[0].shape)}: max |diff| {diff:.3g} (shape {list(got.shape)} "
                                        f"vs {list(expected.shape)}); the export is not kept")
 
@@ -134,7 +156,7 @@ def _verifier(wrapper: nn.Module, n_inputs: int):
 
 def export_pretrained(model: nn.Module, out_dir: str | os.PathLike[str], *, task: str | None = None,
                       overwrite: bool = False, extra_files: tuple[str | os.PathLike[str], ...] = (),
-                      verify: bool = True, features: CharFeatures | None = None) -> Path:
+                      verify: bool = True, features: CharFeatures | None = None, verify_device: str = "cpu") -> Path:
     """Export one of sampan's models to an inference directory with dynamic batch and sequence.
 
     Encoder heads (ERNIE's) become ``(input_ids [B, S], attention_mask [B, S]) -> logits`` and
@@ -142,7 +164,9 @@ def export_pretrained(model: nn.Module, out_dir: str | os.PathLike[str], *, task
     named ``input_ids`` / ``attention_mask``, the output ``logits``). The graph runs in float32
     on CPU whatever the model's dtype and device (a copy is upcast / moved; int8 is the small format).
     Before the directory is kept, both the ONNX and torch programs are run at batch 1 and 3 and
-    lengths 5 and 17 and must equal the eager model within 1e-4 (``verify=False`` skips this).
+    lengths 5 and 17 and must equal the eager model within 1e-4 (``verify=False`` skips this), on
+    ``verify_device`` (default "cpu"; "cuda" / "cuda:N" / "auto" run them on a GPU as
+    :func:`verify_devices` says). The files are traced on the CPU whatever it is, and run anywhere.
     ``task`` is recorded in ``inference.json`` under ``sampan_model``; ``extra_files`` are copied in.
     A model with pinyin / radical / stroke embeddings needs ``features`` (its ``features.json``):
     the graph looks each token's feature ids up itself, so its inputs stay the same two.
@@ -157,7 +181,7 @@ def export_pretrained(model: nn.Module, out_dir: str | os.PathLike[str], *, task
     training = model.training
     wrapper.eval()
     try:
-        check = _verifier(wrapper, len(specs)) if verify else None
+        check = _verifier(wrapper, len(specs), verify_device) if verify else None
         out = export_model(wrapper, out_dir, specs, overwrite=overwrite, output_names=["logits"],
                            extra_files=extra_files, verify=_then_record(check, model, task))
     finally:
@@ -181,7 +205,7 @@ def _then_record(check, model: nn.Module, task: str | None):
 
 
 def export_model_dir(model_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], *,
-                     overwrite: bool = False, task: str | None = None) -> Path:
+                     overwrite: bool = False, task: str | None = None, verify_device: str = "cpu") -> Path:
     """Export a saved sampan model, taking its tokenizer.json / task.json / config.json along; what
     ``sampan export`` runs.
 
@@ -190,7 +214,8 @@ def export_model_dir(model_dir: str | os.PathLike[str], out_dir: str | os.PathLi
     the trained tensors over a base, which are loaded over it and merged first), or the name of a
     stored model (``sampan hub list``: ``ernie-tiny-sentiment``). An adapter-layout model has no
     tokenizer of its own: its base's is taken, and the ``task.json`` copied drops ``base_model_dir``,
-    since the exported graph holds the merged weights.
+    since the exported graph holds the merged weights. ``verify_device``: where the export is
+    checked (``export_pretrained``).
     """
     source = _model_source(model_dir)
     model = load_model_dir(source)
@@ -199,14 +224,16 @@ def export_model_dir(model_dir: str | os.PathLike[str], out_dir: str | os.PathLi
     if not layout.is_adapter:  # the companions are all here: they travel verbatim
         extras = [source / name for name in COMPANION_FILES if (source / name).is_file()]
         return export_pretrained(model, out_dir, task=task or meta.get("task"), overwrite=overwrite,
-                                 extra_files=tuple(extras), features=model_features(source))
+                                 extra_files=tuple(extras), features=model_features(source),
+                                 verify_device=verify_device)
     extras = [path for path in (layout.file("tokenizer.json"), source / "config.json") if path and path.is_file()]
     del meta["base_model_dir"]  # the graph holds the merged weights: no base travels with it
     with tempfile.TemporaryDirectory(prefix="sampan-export-") as tmp:
         copy_of_task = Path(tmp) / TASK_FILE
         copy_of_task.write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         return export_pretrained(model, out_dir, task=task or meta.get("task"), overwrite=overwrite,
-                                 extra_files=(*extras, copy_of_task), features=model_features(source))
+                                 extra_files=(*extras, copy_of_task), features=model_features(source),
+                                 verify_device=verify_device)
 
 
 def load_model_dir(model_dir: str | os.PathLike[str]) -> nn.Module:

@@ -40,7 +40,8 @@ def _page() -> str:
 
 
 def _as_served_tasks(tasks: Sequence[str] | Mapping[str, TaskCallable], limits: ServingConfig,
-                     task_options: Mapping[str, dict] | None, num_threads: int | None) -> dict[str, ServedTask]:
+                     task_options: Mapping[str, dict] | None, num_threads: int | None,
+                     device: str = "auto") -> dict[str, ServedTask]:
     if isinstance(tasks, Mapping):  # ready task objects (embedding, tests): used as given
         return {name: task if isinstance(task, ServedTask) else ServedTask(name, task, {"description": name})
                 for name, task in tasks.items()}
@@ -48,7 +49,7 @@ def _as_served_tasks(tasks: Sequence[str] | Mapping[str, TaskCallable], limits: 
         tasks = [tasks]
     served = {}
     for name in dict.fromkeys(tasks):  # in order, each once
-        served[name] = load_task(name, limits.max_batch_size, (task_options or {}).get(name), num_threads)
+        served[name] = load_task(name, limits.max_batch_size, (task_options or {}).get(name), num_threads, device)
     return served
 
 
@@ -65,7 +66,7 @@ def to_serving_error(error: BaseException, target: str) -> ServingError:
 
 def create_app(tasks: Sequence[str] | Mapping[str, TaskCallable] = (), model_dirs: Mapping[str, str] | None = None,
                limits: ServingConfig | None = None, task_options: Mapping[str, dict] | None = None,
-               num_threads: int | None = None) -> FastAPI:
+               num_threads: int | None = None, device: str = "auto") -> FastAPI:
     """Build the service.
 
     Args:
@@ -76,10 +77,14 @@ def create_app(tasks: Sequence[str] | Mapping[str, TaskCallable] = (), model_dir
         limits: batching, size limits and timeouts (:class:`ServingConfig`).
         task_options: extra ``Taskflow`` keyword arguments per task name (e.g. ``max_new_tokens``).
         num_threads: ONNX Runtime threads per task and exported model (default: one per core).
+        device: where the loaded tasks and exported models run: "auto" (default: a GPU when
+            their backend can use one, else the CPU), "cpu", "cuda" or "cuda:N". Inputs and
+            outputs are host arrays either way; a GPU that cannot be used is a ``DeviceError``
+            naming the fix, at start-up. Ready task objects are used as given.
     """
     limits = limits or ServingConfig()
-    served_tasks = _as_served_tasks(tasks, limits, task_options, num_threads)
-    served_models = {name: ServedModel(name, path, num_threads) for name, path in (model_dirs or {}).items()}
+    served_tasks = _as_served_tasks(tasks, limits, task_options, num_threads, device)
+    served_models = {name: ServedModel(name, path, num_threads, device) for name, path in (model_dirs or {}).items()}
     if not served_tasks and not served_models:
         raise ValueError("nothing to serve: give at least one task (--task sentiment_analysis) or exported model "
                          "(--model-dir NAME=DIR)")

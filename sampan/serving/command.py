@@ -42,6 +42,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=1,
                         help="uvicorn worker processes, each loading its own copy of every model (memory grows "
                              "by one model set per worker; /metrics shows the worker that answered) (default: 1)")
+    parser.add_argument("--device", default="auto",
+                        help="where the tasks and exported models run: auto (a GPU when the backend can use one, "
+                             "else the CPU), cpu, cuda (this worker's GPU: cuda:$LOCAL_RANK) or cuda:N. Exported "
+                             "models and the default tasks run on ONNX Runtime, which needs the onnxruntime-gpu "
+                             "wheel for a GPU (with plain onnxruntime, auto is the CPU and cuda an error); "
+                             "--task-option TASK.backend=torch runs a task's .pt2 on torch's GPU (default: auto)")
     parser.add_argument("--num-threads", type=int, default=None,
                         help="torch / onnxruntime threads per worker (default: the libraries' own choice)")
     for field in dataclasses.fields(ServingConfig):
@@ -89,7 +95,7 @@ def _spec(args: argparse.Namespace) -> dict:
     limits = {f.name: getattr(args, f.name) for f in dataclasses.fields(ServingConfig)}
     return {"tasks": list(dict.fromkeys(args.task)), "model_dirs": parse_model_dirs(args.model_dir),
             "task_options": parse_task_options(args.task_option, args.task), "limits": limits,
-            "num_threads": args.num_threads}
+            "num_threads": args.num_threads, "device": args.device}
 
 
 def _build(spec: dict):
@@ -100,7 +106,8 @@ def _build(spec: dict):
 
         torch.set_num_threads(spec["num_threads"])
     return create_app(tasks=spec["tasks"], model_dirs=spec["model_dirs"], limits=ServingConfig(**spec["limits"]),
-                      task_options=spec["task_options"], num_threads=spec["num_threads"])
+                      task_options=spec["task_options"], num_threads=spec["num_threads"],
+                      device=spec.get("device", "auto"))
 
 
 def app_from_env():
@@ -111,13 +118,16 @@ def app_from_env():
 def _check_before_loading(spec: dict) -> None:
     """Fail at once, before any model loads, on what would fail later (with ``--workers N``, make
     every worker die at start and be restarted forever)."""
+    from sampan.inference.device import predictor_device
     from sampan.serving.tasks import check_task
 
     for task in spec["tasks"]:
-        check_task(task, spec["task_options"].get(task))
+        check_task(task, spec["task_options"].get(task), spec["device"])
     for name, path in spec["model_dirs"].items():
         if not (Path(path) / "inference.json").is_file():
             raise FileNotFoundError(f"model '{name}': {Path(path) / 'inference.json'} not found")
+    if spec["model_dirs"]:
+        predictor_device(spec["device"], "onnxruntime")  # served models run their .onnx
     if not spec["tasks"] and not spec["model_dirs"]:
         raise ValueError("nothing to serve: give --task NAME and/or --model-dir NAME=DIR")
 
@@ -139,8 +149,8 @@ def run(args: argparse.Namespace) -> int:
     where = f"http://{args.host}:{args.port}"
     if args.workers == 1:
         app = _build(spec)
-        print(f"sampan serve: tasks {spec['tasks']} models {list(spec['model_dirs'])} at {where} "
-              f"(page {where}/, schema {where}/openapi.json)", file=sys.stderr, flush=True)
+        print(f"sampan serve: tasks {spec['tasks']} models {list(spec['model_dirs'])} on device {args.device} "
+              f"at {where} (page {where}/, schema {where}/openapi.json)", file=sys.stderr, flush=True)
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
                     timeout_graceful_shutdown=_grace(spec))
         return 0

@@ -44,13 +44,14 @@ class _OnnxPredictor:
         return list(self._session.run(None, feeds))
 
 
-def open_predictor(model_dir: Path, num_threads: int | None = None) -> Any:
-    """``sampan.inference.create_predictor`` on the ONNX file, or onnxruntime directly before it exists."""
+def open_predictor(model_dir: Path, num_threads: int | None = None, device: str = "cpu") -> Any:
+    """``sampan.inference.create_predictor`` on the ONNX file on ``device`` (a spec: a GPU needs
+    onnxruntime-gpu), or onnxruntime directly, on the CPU, before ``sampan.inference`` exists."""
     try:
         from sampan.inference import Config, create_predictor
     except ImportError:
         return _OnnxPredictor(model_dir, num_threads)
-    return create_predictor(Config(str(model_dir), backend="onnxruntime", num_threads=num_threads))
+    return create_predictor(Config(str(model_dir), backend="onnxruntime", num_threads=num_threads, device=device))
 
 
 @dataclass
@@ -65,9 +66,10 @@ class ModelRequest:
 
 
 class ServedModel:
-    """An exported model directory opened for serving."""
+    """An exported model directory opened for serving, on ``device`` (ONNX Runtime; a spec as in
+    ``sampan.inference.Config``)."""
 
-    def __init__(self, name: str, model_dir: str | Path, num_threads: int | None = None):
+    def __init__(self, name: str, model_dir: str | Path, num_threads: int | None = None, device: str = "cpu"):
         self.name = name
         self.model_dir = Path(model_dir)
         meta_path = self.model_dir / "inference.json"
@@ -81,12 +83,14 @@ class ServedModel:
                                     "serving runs the ONNX export")
         self.inputs = self.meta["inputs"]
         self.outputs = self.meta["outputs"]
-        self.predictor = open_predictor(self.model_dir, num_threads)
+        self.predictor = open_predictor(self.model_dir, num_threads, device)
         # Batching concatenates along dim 0, which is only possible when every input's dim 0 is dynamic.
         self.batchable = all(i["shape"] and i["shape"][0] is None for i in self.inputs)
 
     def info(self) -> dict[str, Any]:
-        return {"inputs": self.inputs, "outputs": self.outputs, "batchable": self.batchable}
+        info = {"inputs": self.inputs, "outputs": self.outputs, "batchable": self.batchable}
+        device = getattr(self.predictor, "device", None)
+        return info if device is None else {**info, "device": device}
 
     def parse(self, inputs: Any, max_rows: int) -> ModelRequest:
         """Check a request's ``inputs`` against ``inference.json``; 422 / 413 naming the input at fault."""

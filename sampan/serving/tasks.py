@@ -38,13 +38,15 @@ class ServedTask:
 
 
 # What the service sets for every task it loads, and the flag that sets it.
-_SET_BY_SERVE = {"batch_size": "--max-batch-size", "num_threads": "--num-threads"}
+_SET_BY_SERVE = {"batch_size": "--max-batch-size", "num_threads": "--num-threads", "device": "--device"}
 
 
-def check_task(name: str, options: dict[str, Any] | None = None) -> None:
+def check_task(name: str, options: dict[str, Any] | None = None, device: str = "auto") -> None:
     """A ``ValueError`` for an unknown task (closest name suggested), for an option the task does
-    not take, and for one the service sets itself; loads nothing, so ``sampan serve`` runs it on
-    every task before any model loads."""
+    not take, for one the service sets itself, and a ``DeviceError`` for a GPU ``device`` its
+    backend cannot use here; loads nothing, so ``sampan serve`` runs it on every task before any
+    model loads."""
+    from sampan.inference.device import predictor_device
     from sampan.taskflow.registry import task_class
 
     cls = task_class(name)
@@ -53,19 +55,21 @@ def check_task(name: str, options: dict[str, Any] | None = None) -> None:
             raise ValueError(f"task option {name}.{key}: sampan serve sets it for every task; use "
                              f"{_SET_BY_SERVE[key]}")
     cls.check_options(options or {})
+    if cls.uses_predictor:
+        predictor_device(device, str((options or {}).get("backend", "onnxruntime")))
 
 
 def load_task(name: str, batch_size: int, options: dict[str, Any] | None = None,
-              num_threads: int | None = None) -> ServedTask:
-    """Build ``Taskflow(name, batch_size=...)`` after :func:`check_task`."""
+              num_threads: int | None = None, device: str = "auto") -> ServedTask:
+    """Build ``Taskflow(name, batch_size=..., device=...)`` after :func:`check_task`."""
     from sampan.taskflow import Taskflow
 
-    check_task(name, options)
+    check_task(name, options, device)
     known = Taskflow.tasks()
     options = dict(options or {})
     if num_threads is not None:
         options.setdefault("num_threads", num_threads)
-    task = Taskflow(name, batch_size=batch_size, **options)
+    task = Taskflow(name, batch_size=batch_size, device=device, **options)
     info = dict(known[name])
     return ServedTask(name, task, info)
 

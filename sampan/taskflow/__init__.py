@@ -8,8 +8,9 @@
     # [{'text': '这家餐厅的服务非常棒', 'label': 'positive', 'score': 0.97}]
 
 Each task runs a model from the local store (``sampan.hub``; shipped models need no download)
-through the inference predictor on its exported graph (ONNX Runtime), not the eager model. The
-first use of a model exports it once to ``$SAMPAN_HOME/cache``.
+through the inference predictor on its exported graph (ONNX Runtime), not the eager model, on a
+GPU when there is one it can use (``device=``). The first use of a model exports it once to
+``$SAMPAN_HOME/cache``.
 
 Inputs: a string or a list of strings (batched by ``batch_size``). ``None``, a non-string, an
 empty text or an empty list raise ``ValueError`` naming the bad item; a text longer than
@@ -37,6 +38,12 @@ class Taskflow:
         precision: "fp32" or "int8" (ONNX Runtime dynamic quantization; smaller, faster on small CPUs).
         num_threads: ONNX Runtime intra-op threads (default: the cores this process may use).
         backend: "onnxruntime" (default) or "torch" (the exported ``.pt2`` program).
+        device: "auto" (default: a GPU when the backend can use one, else the CPU), "cpu", "cuda"
+            or "cuda:N". On ONNX Runtime a GPU needs the ``onnxruntime-gpu`` wheel, so with the
+            plain ``onnxruntime`` "auto" is the CPU; on ``backend="torch"`` it is the GPU torch
+            sees. A GPU asked for and not usable is a ``DeviceError`` (a ``ValueError``) naming
+            the fix, raised before the model is exported; ``.task.loaded.predictor.device`` says
+            where it runs. word_segmentation (jieba, no model) runs on the CPU whatever it says.
         **options: task options, e.g. ``max_new_tokens``, ``temperature``, ``top_k``, ``seed`` for
             generation; ``line_chars`` / ``lines`` for poetry; ``top_k`` for fill_mask. An option
             the task does not read is a ``ValueError`` naming it and the task's options.

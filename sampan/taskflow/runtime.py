@@ -87,14 +87,16 @@ def quiet_exporter():
 
 
 def load(name: str, precision: str = "fp32", num_threads: int | None = None,
-         backend: str = "onnxruntime") -> LoadedModel:
-    """Resolve ``name`` in the store, export it if needed, and open a predictor on the export."""
+         backend: str = "onnxruntime", device: str = "cpu") -> LoadedModel:
+    """Resolve ``name`` in the store, export it if needed, and open a predictor on the export on
+    ``device`` (a spec, ``sampan.inference.Config.device``). The export itself is made on the CPU
+    and is the same file for every device."""
     from sampan.inference import Config, create_predictor
 
     directory = resolve(name)
     inference = export_dir(name, directory)
     config = Config(str(inference), backend=backend, num_threads=num_threads or _default_threads(),
-                    precision=precision)
+                    precision=precision, device=device)
     model_dir = ModelDir(directory)
     tokenizer_path = model_dir.file("tokenizer.json")
     if tokenizer_path is None:

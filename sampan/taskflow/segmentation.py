@@ -17,6 +17,7 @@ class WordSegmentation(Task):
     description = "Chinese word segmentation (jieba dictionary + HMM)"
     default_model = "jieba"
     models = ("jieba",)
+    uses_predictor = False  # jieba is a dictionary on the CPU: ``device`` does not apply
 
     def _construct_model(self, model: str) -> None:
         if model != "jieba":

@@ -9,7 +9,8 @@ from sampan.taskflow.inputs import check_texts
 
 # What every task takes besides its own ``option_names``: ``Task.__init__``'s parameters, and
 # ``task_path``, which ``Taskflow`` turns into ``model``.
-COMMON_ARGUMENTS = ("model", "task_path", "batch_size", "max_length", "precision", "num_threads", "backend")
+COMMON_ARGUMENTS = ("model", "task_path", "batch_size", "max_length", "precision", "num_threads", "backend",
+                    "device")
 
 
 class Task:
@@ -32,10 +33,13 @@ class Task:
     # The task options a subclass reads from ``self.options``; any other keyword is refused, so a
     # misspelt option (``temprature=0.5``) is an error instead of a silently ignored setting.
     option_names: ClassVar[tuple[str, ...]] = ()
+    # Whether the task runs a model through the predictor (and so on ``device``); jieba's
+    # word_segmentation does not, so a GPU asked for is no reason for it to fail.
+    uses_predictor: ClassVar[bool] = True
 
     def __init__(self, model: str | None = None, batch_size: int = 32, max_length: int = 128,
                  precision: str = "fp32", num_threads: int | None = None, backend: str = "onnxruntime",
-                 **kwargs: Any):
+                 device: str = "auto", **kwargs: Any):
         self.check_options(kwargs)
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
@@ -47,6 +51,9 @@ class Task:
         self.precision = precision
         self.num_threads = num_threads
         self.backend = backend
+        from sampan.inference.device import normalize_device
+
+        self.device = normalize_device(device)  # the spelling now; the hardware in _load
         self.options = kwargs
         self._construct_model(self.model_name)
 
@@ -80,9 +87,16 @@ class Task:
         raise NotImplementedError
 
     def _load(self, model: str):
+        """The stored ``model`` exported (once) and opened on ``self.device``."""
+        from sampan.inference.device import predictor_device
         from sampan.taskflow.runtime import load
 
-        return load(model, precision=self.precision, num_threads=self.num_threads, backend=self.backend)
+        # Before the export, which is slow on a first use: a GPU this backend cannot use is a
+        # DeviceError now, naming the fix. A task with no model (word_segmentation) never asks.
+        predictor_device(self.device, self.backend)
+
+        return load(model, precision=self.precision, num_threads=self.num_threads, backend=self.backend,
+                    device=self.device)
 
     # -- the loop --------------------------------------------------------------------------------
     def __call__(self, inputs: Any) -> list[dict[str, Any]]:

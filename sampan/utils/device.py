@@ -10,7 +10,8 @@ A device spec is one of
 * ``"cuda:N"``: GPU N of this node.
 
 Paddle's spellings ``"gpu"`` and ``"gpu:N"`` mean the same as ``"cuda"`` / ``"cuda:N"``.
-``check_device_spec`` validates the spelling only (configs call it, on any machine);
+``check_device_spec`` validates the spelling only (configs call it, on any machine, and it imports
+no torch, so a torch-free ONNX Runtime deployment can use it);
 ``resolve_device`` turns a spec into the ``torch.device`` to run on, and asking for a GPU that is
 not there is a ``DeviceError`` in one line that says what there is and what to do.
 """
@@ -19,8 +20,10 @@ from __future__ import annotations
 
 import os
 import re
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 DEVICE_SPECS = "auto, cpu, cuda or cuda:N"
 _SPEC = re.compile(r"^(auto|cpu|cuda|gpu)(?::(\d+))?$")
@@ -33,8 +36,8 @@ class DeviceError(ValueError):
 def check_device_spec(spec: str | torch.device) -> str:
     """``spec`` normalised (lower case, Paddle's "gpu" as "cuda"); a ``DeviceError`` if it is not one
     of auto / cpu / cuda / cuda:N. Looks at no hardware."""
-    if isinstance(spec, torch.device):
-        spec = str(spec)
+    if not isinstance(spec, str) and type(spec).__name__ == "device" and hasattr(spec, "index"):
+        spec = str(spec)  # a torch.device (checked by duck type: this module imports no torch here)
     if not isinstance(spec, str):
         raise DeviceError(f"device must be a string ({DEVICE_SPECS}), got {type(spec).__name__} {spec!r}")
     match = _SPEC.match(spec.strip().lower())
@@ -54,11 +57,15 @@ def local_rank() -> int:
 
 
 def _cuda_count() -> int:
+    import torch
+
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def resolve_device(spec: str | torch.device = "auto") -> torch.device:
     """The ``torch.device`` that ``spec`` names on this machine (see the module docstring)."""
+    import torch
+
     spec = check_device_spec(spec)
     if spec == "cpu":
         return torch.device("cpu")
@@ -81,6 +88,8 @@ def resolve_device(spec: str | torch.device = "auto") -> torch.device:
 
 def device_of(module: torch.nn.Module) -> torch.device:
     """Where ``module``'s first parameter (or buffer) lives; the CPU for a module with neither."""
+    import torch
+
     for tensor in module.parameters():
         return tensor.device
     for tensor in module.buffers():
