@@ -83,6 +83,10 @@ class PretrainConfig:
         from sampan.utils.device import check_device_spec
 
         self.device = check_device_spec(self.device)
+        if self.amp in ("none", ""):
+            self.amp = None
+        if self.amp not in (None, "auto", "bf16", "fp16"):
+            raise ValueError(f"amp must be none, auto, bf16 or fp16, got {self.amp!r}")
         for name in ("max_steps", "batch_size", "logging_steps"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
