@@ -608,7 +608,7 @@ def compile_one(base: torch.nn.Module, batch: dict[str, torch.Tensor], recompute
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
-            return float(loss)
+            return float(loss.detach())
 
         sides[side] = step
     losses: dict[str, list[float]] = {"eager": [], "compiled": []}
