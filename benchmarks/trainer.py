@@ -65,6 +65,7 @@ break-even is the steps after which the saved time has paid for the compile.
 
     python benchmarks/trainer.py                           # defaults, writes benchmarks/results/trainer.json
     python benchmarks/trainer.py --quick --out /tmp/t.json # smoke run, under a minute
+    python benchmarks/trainer.py --only-compile            # part 3 alone -> results/trainer_compile.json
 """
 
 from __future__ import annotations
@@ -154,12 +155,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     c.add_argument("--compile-repeats", type=int,
                    help=f"timed steps per side, interleaved (default {d['compile_repeats']})")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--only-compile", action="store_true",
+                        help="run part 3 alone and write it to benchmarks/results/trainer_compile.json "
+                             "(or --out): rerun compile figures without parts 1 and 2")
     parser.add_argument("--quick", action="store_true",
                         help="tiny shapes and few steps (smoke test); writes JSON only when --out is given")
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON output (default benchmarks/results/trainer.json; none with --quick)")
     args = parser.parse_args(argv)
-    return apply_presets(args, QUICK if args.quick else DEFAULTS, None if args.quick else DEFAULT_OUT)
+    default_out = DEFAULT_OUT.with_name("trainer_compile.json") if args.only_compile else DEFAULT_OUT
+    return apply_presets(args, QUICK if args.quick else DEFAULTS, None if args.quick else default_out)
 
 
 def load_note(loads: list[list[float] | None], cpus: int) -> tuple[bool, str | None]:
@@ -667,6 +672,41 @@ def part_compile(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def print_compile_table(console, p3: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    ms = lambda s: f"{s * 1e3:.1f}"  # noqa: E731
+    c = p3["config"]
+    t4 = Table(title=f"torch.compile per block  GPT h={c['hidden']} L={c['layers']} s={c['seq_len']} b={c['batch']} "
+                     "fp32 (compile = cold first compiled step minus an eager step)")
+    for col in ("recompute", "eager ms", "compiled ms", "speed-up", "paired", "compile s", "break-even steps"):
+        t4.add_column(col, justify="right" if col != "recompute" else "left")
+    for key in ("recompute_none", "recompute_full"):
+        r = p3[key]
+        t4.add_row(r["recompute"], ms(r["eager"]["median_step_s"]), ms(r["compiled"]["median_step_s"]),
+                   f"{r['speedup_median_step']:.2f}x", f"{r['speedup_paired_median']:.2f}x", f"{r['compile_s']:.1f}",
+                   "never" if r["break_even_steps"] is None else f"{r['break_even_steps']:.0f}")
+    console.print(t4)
+
+
+def main_compile_only(args: argparse.Namespace, console, threads: int) -> dict:
+    """``--only-compile``: part 3 alone, in its own results file."""
+    loads = [load_average()]
+    start = time.perf_counter()
+    p3 = part_compile(args)
+    loads.append(load_average())
+    high, note = load_note(loads, os.cpu_count() or 1)
+    result = {"benchmark": "trainer_compile", "timestamp": timestamp(), "torch_version": torch.__version__,
+              "threads": threads, "machine": machine_info(), "loadavg_start_end": loads, "load_high": high,
+              "load_note": note, "quick": args.quick, "wall_s": time.perf_counter() - start, "compile": p3}
+    print_compile_table(console, p3)
+    if note:
+        console.print(f"[yellow]note: {note}[/yellow]")
+    if args.out is not None:
+        console.print(f"wrote {write_json_atomic(args.out, result)}")
+    return result
+
+
 # --- report --------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> dict:
     from rich.console import Console
@@ -677,6 +717,8 @@ def main(argv: list[str] | None = None) -> dict:
     if not console.is_terminal:  # a log file or pipe: wide enough that no column is cut
         console = Console(width=120)
     threads = set_threads(args.threads)
+    if args.only_compile:
+        return main_compile_only(args, console, threads)
     loads = [load_average()]
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="sampan-bench-trainer-") as tmp:
@@ -763,17 +805,7 @@ def main(argv: list[str] | None = None) -> dict:
                   "forward minus before (cross-check); hooks = what an outer saved_tensors_hooks sees (blind to "
                   "selective's cache); overhead = median step vs none, paired = median of per-repeat ratios; ernie_dropout0 = "
                   "ernie without dropout (diagnostic)", highlight=False)
-    c = p3["config"]
-    t4 = Table(title=f"torch.compile per block  GPT h={c['hidden']} L={c['layers']} s={c['seq_len']} b={c['batch']} "
-                     "fp32 (compile = cold first compiled step minus an eager step)")
-    for col in ("recompute", "eager ms", "compiled ms", "speed-up", "paired", "compile s", "break-even steps"):
-        t4.add_column(col, justify="right" if col != "recompute" else "left")
-    for key in ("recompute_none", "recompute_full"):
-        r = p3[key]
-        t4.add_row(r["recompute"], ms(r["eager"]["median_step_s"]), ms(r["compiled"]["median_step_s"]),
-                   f"{r['speedup_median_step']:.2f}x", f"{r['speedup_paired_median']:.2f}x", f"{r['compile_s']:.1f}",
-                   "never" if r["break_even_steps"] is None else f"{r['break_even_steps']:.0f}")
-    console.print(t4)
+    print_compile_table(console, p3)
     for name, g in goals.items():
         console.print(f"{'[green]met[/green]' if g['met'] else '[red]NOT met[/red]'}  {name}: {g['value']} "
                       f"(goal {g['goal']})", highlight=False)
