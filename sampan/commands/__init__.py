@@ -16,7 +16,7 @@ from typing import Any
 
 # The order of ``sampan --help``.
 COMMANDS = ("demo", "data", "pretrain", "hub", "task", "finetune", "export", "train", "report", "models",
-            "launch", "plan", "bench", "serve")
+            "launch", "plan", "simulate", "bench", "serve")
 
 Handler = Callable[[argparse.Namespace], int]
 

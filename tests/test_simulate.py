@@ -1,0 +1,119 @@
+"""``sampan simulate``: fleet's real code on one rank at a time, under the fake process group.
+
+The fast tests drive the verb (help, a 4-rank simulation with its JSON, a bad layout's one-line
+error). The slow one trains one real step on 8 gloo ranks (dp2 x mp2 x pp2) and holds every rank's
+simulated parameter / gradient / optimizer bytes to what the real rank held.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sampan.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = Path(__file__).parent / "scripts" / "simulate_real.py"
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def _run(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exit:
+            code = exit.code
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_help_names_every_flag():
+    code, out, _ = _run(["simulate", "--help"])
+    assert code == 0
+    for flag in ("--model", "--gpus", "--fix", "--strategy", "--seq-len", "--global-batch", "--stages", "--rank",
+                 "--num-micro", "--json", "--gpu-memory-gb", "--fp32", "docs/scale.md"):
+        assert flag in out, flag
+
+
+def test_the_help_imports_no_torch():
+    probe = ("import contextlib, io, sys\nfrom sampan.cli import main\n"
+             "with contextlib.redirect_stdout(io.StringIO()):\n"
+             "    try:\n        main(['simulate', '--help'])\n    except SystemExit:\n        pass\n"
+             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))[:3])")
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--fix", "mp=3"], "mp_degree 3 does not divide the model's 4 attention heads"),
+    (["--fix", "mp=2,pp=2,sp=true"], "sequence parallel with pipeline stages"),
+    (["--strategy", '{"hybrid_configs": {"dp_degree": 3}}'], "their product must equal the number of ranks"),
+    ([], "--fix"),
+])
+def test_a_bad_layout_is_one_line(argv, message):
+    gpus = "6" if "mp=3" in argv else "4"
+    code, out, err = _run(["simulate", "--model", "gpt-tiny", "--gpus", gpus, "--seq-len", "64",
+                           "--global-batch", "12", *argv])
+    assert code == 2, (out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sampan simulate: error: "), err
+    assert message in lines[0], lines[0]
+
+
+@pytest.mark.timeout(180)
+def test_a_small_simulation_reports_state_exactly_as_planned():
+    """dp2 x mp2 on 4 fake ranks: model state per rank is what the planner's closed forms say."""
+    code, out, err = _run(["simulate", "--model", "gpt-tiny", "--gpus", "4", "--fix", "mp=2,micro_batch=2",
+                           "--seq-len", "64", "--global-batch", "8", "--json"])
+    assert code == 0, err[-3000:]
+    report = json.loads(out)
+    assert report["label"] == "dp2 sh1 pp1 mp2" and len(report["ranks"]) == 1
+    row = report["ranks"][0]
+    for key in ("params", "grads", "optimizer"):
+        assert row["ratio"][key] == pytest.approx(1.0, abs=1e-3), key
+    sim = row["simulated_bytes"]
+    assert sim["params"] == sim["grads"] and sim["optimizer"] > 2 * sim["params"]  # exp_avg, exp_avg_sq, step
+    assert sim["total"] > sim["params"] + sim["grads"] + sim["optimizer"]
+    assert row["collectives"]["all_reduce"]["calls"] > 0  # tensor parallel and the data-parallel gradients
+    assert any("answered with 1" in note for note in row["notes"])
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(400)
+def test_simulated_state_bytes_equal_a_real_8_rank_run(tmp_path):
+    """dp2 x mp2 x pp2 (1F1B, 2 micro-batches) on 8 gloo ranks against the simulation.
+
+    Two ranks are simulated (rank 0: stage 0, dp 0, mp 0; rank 7: stage 1, dp 1, mp 1); every real
+    rank is held to the simulated rank of its stage, since the ranks of one stage hold equal shares."""
+    from sampan.distributed.simulate import simulate
+    from sampan.distributed.strategy import DistributedStrategy
+
+    strategy = {"hybrid_configs": {"dp_degree": 2, "mp_degree": 2, "pp_degree": 2},
+                "pipeline_configs": {"accumulate_steps": 2}}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=8", str(SCRIPT),
+           str(tmp_path), "gpt-tiny", json.dumps(strategy), "8", "64"]
+    run = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    real = {r: json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(8)}
+    simulated = simulate("gpt-tiny", DistributedStrategy.from_dict(strategy), 8, 8, 64, ranks=[0, 7], amp=False)
+    assert [s["coords"] for s in simulated] == [{"pp": 0, "dp": 0, "sharding": 0, "mp": 0},
+                                                {"pp": 1, "dp": 1, "sharding": 0, "mp": 1}]
+    for sim in simulated:
+        for key in ("params", "grads", "optimizer"):
+            assert sim[key] == pytest.approx(real[sim["rank"]][key], rel=0.02), (sim["rank"], key)
+    by_stage = {s["coords"]["pp"]: s for s in simulated}
+    for rank, held in real.items():
+        sim = by_stage[rank // 4]  # pp is the outermost mesh axis: ranks 0-3 are stage 0
+        for key in ("params", "grads", "optimizer"):
+            assert sim[key] == pytest.approx(held[key], rel=0.02), (rank, key)
+    # the stages hold different amounts (the embedding table vs the final norm and the tied head's copy)
+    assert by_stage[0]["params"] != by_stage[1]["params"]
