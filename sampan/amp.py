@@ -33,8 +33,6 @@ def GradScaler(device_type: str = "cpu", init_loss_scaling: float = 2.0**16, inc
                                 backoff_factor=decr_ratio, growth_interval=incr_every_n_steps, enabled=enable)
 
 
-AMP_CHOICES = (None, "auto", "bf16", "fp16")
-
 
 def resolve_amp(amp: str | None, device: torch.device | str) -> str | None:
     """The AMP mode a run on ``device`` uses for ``amp`` ("auto", "bf16", "fp16" or None for fp32).
@@ -55,16 +53,21 @@ def resolve_amp(amp: str | None, device: torch.device | str) -> str | None:
     return "bf16" if cpu_bf16_is_fast() else None
 
 
-_CPU_BF16_FAST: bool | None = None
+_CPU_GEMM_RATES: tuple[float, float] | None = None
+
+
+def cpu_gemm_rates() -> tuple[float, float]:
+    """This CPU's (bf16, fp32) FLOP/s on a small GEMM, measured once per process (~0.1 s)."""
+    global _CPU_GEMM_RATES
+    if _CPU_GEMM_RATES is None:
+        from sampan.utils.hardware import measure_gemm_flops
+
+        _CPU_GEMM_RATES = (measure_gemm_flops(torch.bfloat16, size=256, seconds=0.05),
+                           measure_gemm_flops(torch.float32, size=256, seconds=0.05))
+    return _CPU_GEMM_RATES
 
 
 def cpu_bf16_is_fast() -> bool:
-    """Whether bf16 GEMMs beat fp32 ones on this CPU (measured once per process, ~0.1 s)."""
-    global _CPU_BF16_FAST
-    if _CPU_BF16_FAST is None:
-        from sampan.utils.hardware import measure_gemm_flops
-
-        bf16 = measure_gemm_flops(torch.bfloat16, size=256, seconds=0.05)
-        fp32 = measure_gemm_flops(torch.float32, size=256, seconds=0.05)
-        _CPU_BF16_FAST = bf16 > fp32
-    return _CPU_BF16_FAST
+    """Whether bf16 GEMMs beat fp32 ones on this CPU (``cpu_gemm_rates``)."""
+    bf16, fp32 = cpu_gemm_rates()
+    return bf16 > fp32

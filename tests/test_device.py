@@ -74,9 +74,9 @@ def test_local_rank_picks_each_ranks_gpu(monkeypatch):
 def test_amp_auto_is_bf16_on_gpus_with_it_and_what_is_fast_on_the_cpu(monkeypatch):
     for explicit in (None, "bf16", "fp16"):
         assert resolve_amp(explicit, "cpu") == explicit
-    monkeypatch.setattr(amp_module, "_CPU_BF16_FAST", True)
+    monkeypatch.setattr(amp_module, "_CPU_GEMM_RATES", (2.0, 1.0))
     assert resolve_amp("auto", "cpu") == "bf16"
-    monkeypatch.setattr(amp_module, "_CPU_BF16_FAST", False)
+    monkeypatch.setattr(amp_module, "_CPU_GEMM_RATES", (1.0, 2.0))
     assert resolve_amp("auto", "cpu") is None
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     assert resolve_amp("auto", "cuda:0") == "bf16"
@@ -87,7 +87,7 @@ def test_amp_auto_is_bf16_on_gpus_with_it_and_what_is_fast_on_the_cpu(monkeypatc
 def test_cpu_bf16_verdict_is_the_measured_one(monkeypatch):
     from sampan.utils.hardware import measure_gemm_flops
 
-    monkeypatch.setattr(amp_module, "_CPU_BF16_FAST", None)
+    monkeypatch.setattr(amp_module, "_CPU_GEMM_RATES", None)
     verdict = amp_module.cpu_bf16_is_fast()
     bf16 = measure_gemm_flops(torch.bfloat16, size=256, seconds=0.05)
     fp32 = measure_gemm_flops(torch.float32, size=256, seconds=0.05)
@@ -199,3 +199,16 @@ def test_compiled_training_with_recompute_matches_eager(tmp_path):
     assert dynamo.counters["stats"]["unique_graphs"] >= 1  # dynamo captured the block
     assert len(compiled) == len(eager) == 3
     assert compiled == pytest.approx(eager, rel=1e-5)
+
+
+def test_a_rank_naming_another_ranks_gpu_is_refused(monkeypatch):
+    """With a strategy each rank trains on cuda:$LOCAL_RANK; naming another GPU is an error before
+    any process group starts (the GPU count is faked: only the resolver is told 4 GPUs)."""
+    from sampan.trainer.fleet_backend import FleetBackend
+    from sampan.utils import device as device_module
+
+    monkeypatch.setattr(device_module, "_cuda_count", lambda: 4)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    args = TrainingArguments(device="cuda:3", strategy={"hybrid_configs": {"dp_degree": 1}})
+    with pytest.raises(ValueError, match=r"each rank trains on its own GPU \(cuda:\$LOCAL_RANK = cuda:0\)"):
+        FleetBackend(args)

@@ -30,12 +30,11 @@ from sampan.inference.device import (
     CUDA_PROVIDER,
     check_session_providers,
     no_cuda_provider_message,
-    normalize_device,
     ort_providers,
     predictor_device,
 )
 from sampan.static import InputSpec
-from sampan.utils.device import DeviceError
+from sampan.utils.device import DeviceError, check_device_spec
 
 # What this machine has, which decides what a GPU request does (module docstring).
 TORCH_GPU = torch.cuda.is_available()
@@ -222,8 +221,9 @@ def test_plain_specs_need_no_torch_import():
     import subprocess
     import sys
 
-    probe = ("import sys; from sampan.inference.device import normalize_device, ort_providers; "
-             "print(normalize_device(' Auto '), normalize_device('CPU'), "
+    probe = ("import sys; from sampan.inference.device import ort_providers; "
+             "from sampan.utils.device import check_device_spec; "
+             "print(check_device_spec(' Auto '), check_device_spec('CPU'), "
              "*ort_providers('auto', ['CPUExecutionProvider']), 'torch' in sys.modules)")
     run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
     assert run.stdout.split() == ["auto", "cpu", "CPUExecutionProvider", "False"]
@@ -367,4 +367,4 @@ def test_cli_export_says_where_it_checked(tmp_path):
     # The files are the same whatever the check ran on: the program's devices are the CPU's.
     program = torch.export.load(Path(printed["out"]) / "inference.pt2")
     assert {t.device.type for t in program.state_dict.values()} == {"cpu"}
-    assert normalize_device("cpu") == "cpu" and predictor_device("cpu", "torch") == "cpu"
+    assert check_device_spec("cpu") == "cpu" and predictor_device("cpu", "torch") == "cpu"

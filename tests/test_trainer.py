@@ -572,16 +572,9 @@ def test_full_recompute_holds_less_activation_memory():
 
 
 # -- AMP ----------------------------------------------------------------------------------------
-def _fake_gemm(bf16: float, fp32: float):
-    def measure(dtype=torch.float32, *args, **kwargs):
-        return bf16 if dtype == torch.bfloat16 else fp32
-
-    return measure
-
-
 def test_bf16_trains_with_finite_loss(tmp_path, monkeypatch):
-    # The real emulation check multiplies 1024^2 bf16 matrices (seconds on an AVX2 CPU): fake it.
-    monkeypatch.setattr("sampan.trainer.trainer.measure_gemm_flops", _fake_gemm(bf16=2e11, fp32=1e11))
+    # The real emulation check times bf16 GEMMs (slow on an AVX2 CPU): give it the rates.
+    monkeypatch.setattr("sampan.amp._CPU_GEMM_RATES", (2e11, 1e11))
     fp32_args = make_args(tmp_path / "fp32", max_steps=3, per_device_train_batch_size=2, learning_rate=1e-2)
     Trainer(tiny_gpt(), fp32_args, random_dataset()).train()
     args = make_args(tmp_path / "bf16", max_steps=3, per_device_train_batch_size=2, learning_rate=1e-2, amp="bf16")
@@ -600,7 +593,7 @@ def test_bf16_trains_with_finite_loss(tmp_path, monkeypatch):
 
 
 def test_bf16_on_a_cpu_without_fast_bf16_warns(tmp_path, monkeypatch):
-    monkeypatch.setattr("sampan.trainer.trainer.measure_gemm_flops", _fake_gemm(bf16=1e9, fp32=6e10))
+    monkeypatch.setattr("sampan.amp._CPU_GEMM_RATES", (1e9, 6e10))
     args = make_args(tmp_path, max_steps=1, per_device_train_batch_size=2, amp="bf16")
     with pytest.warns(UserWarning, match="amp='bf16' on a CPU without fast bf16 matmuls"):
         Trainer(tiny_gpt(), args, random_dataset()).train()

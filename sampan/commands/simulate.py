@@ -21,6 +21,8 @@ COMPONENTS = (("params", "parameters"), ("grads", "gradients"), ("optimizer", "o
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
+    from sampan.planner.layout import FIX_METAVAR  # torch-free
+
     what = parser.add_argument_group("model and workload")
     what.add_argument("--model", required=True,
                       help="a name from `sampan models` (gpt-175b, llama3-405b, llama3-8b, gpt-tiny, ...)")
@@ -29,8 +31,7 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--global-batch", type=int, default=1536, help="sequences per optimizer step (default: 1536)")
     what.add_argument("--fp32", action="store_true", help="simulate fp32 training instead of bf16 autocast")
     how = parser.add_argument_group("layout (one of the two)")
-    how.add_argument("--fix", default=None, metavar="dp=..,mp=..,pp=..,sharding=..,micro_batch=..,recompute=..,"
-                                                    "schedule=..,vpp=..",
+    how.add_argument("--fix", default=None, metavar=FIX_METAVAR,
                      help="the layout as `sampan plan --fix` spells it (missing dp takes the leftover ranks; also "
                           "stage=, sp=, num_micro=; the micro-batch count follows from the global batch)")
     how.add_argument("--strategy", default=None, metavar="JSON_OR_FILE",
@@ -200,6 +201,7 @@ def run(args: argparse.Namespace) -> int:
               "layout": layout.to_dict(), "label": layout.label(), "seq_len": args.seq_len,
               "global_batch": args.global_batch, "amp": "bf16" if amp else None, "model_overrides": overrides,
               "ranks": rows, "worst_rank": worst["rank"], "worst_needs_bytes": need,
+              "reserve_bytes": worst["planned_bytes"]["reserved"],
               "gpu_memory_bytes": args.gpu_memory_gb * GB, "fits": need <= args.gpu_memory_gb * GB,
               "wall_seconds": wall,
               "method": "fleet's real code on one rank at a time: torch's fake process group + FakeTensorMode "
@@ -248,5 +250,5 @@ def _print(report: dict[str, Any]) -> None:
             print(f"  note: {note}")
     verdict = "fits" if report["fits"] else "does NOT fit"
     print(f"\nworst: rank {report['worst_rank']} needs {_gb(report['worst_needs_bytes'])} GB (simulated peak + the "
-          f"planner's {_gb(2e9)} GB reserve): {verdict} in {report['gpu_memory_bytes'] / GB:g} GB; "
+          f"planner's {_gb(report['reserve_bytes'])} GB reserve): {verdict} in {report['gpu_memory_bytes'] / GB:g} GB; "
           f"simulated in {report['wall_seconds']:.0f} s")

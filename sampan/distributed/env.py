@@ -9,6 +9,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from sampan.utils.device import local_rank
+
 
 def launched() -> bool:
     """Whether a launcher set this process up as one rank of a group."""
@@ -40,7 +42,7 @@ def local_device() -> torch.device:
         return torch.device("cpu")
     if _DEVICE is not None and _DEVICE.index is not None:
         return _DEVICE
-    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cuda", local_rank())
 
 
 def init_process_group(timeout_s: float = 300.0) -> None:

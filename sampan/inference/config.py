@@ -8,7 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from sampan.inference.device import cuda_index, is_gpu, normalize_device
+from sampan.inference.device import cuda_index, is_gpu
+from sampan.utils.device import check_device_spec
 
 # The file stem `sampan.jit.save` is given inside an inference directory.
 MODEL_PREFIX = "inference"
@@ -81,7 +82,7 @@ class Config:
             raise ValueError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
-        self.device = normalize_device(self.device)  # a DeviceError (ValueError) names the spellings
+        self.device = check_device_spec(self.device)  # a DeviceError (ValueError) names the spellings
         if not isinstance(self.fuse, bool):
             raise ValueError(f"fuse must be True or False, got {self.fuse!r}")
         if self.precision == "int8" and self.backend != "onnxruntime":

@@ -26,12 +26,6 @@ CPU_PROVIDER = "CPUExecutionProvider"
 CUDA_PROVIDER = "CUDAExecutionProvider"
 
 
-def normalize_device(spec: Any) -> str:
-    """``spec`` as sampan spells it ("cpu", "auto", "cuda", "cuda:N"); a ``DeviceError`` (a
-    ``ValueError``) for anything else. Looks at no hardware and imports no torch."""
-    return check_device_spec(spec)
-
-
 def is_gpu(device: str) -> bool:
     """Whether the (normalised) spec asks for a GPU outright ("cuda" / "cuda:N"; not "auto")."""
     return device == "cuda" or device.startswith("cuda:")
@@ -63,7 +57,7 @@ def ort_providers(device: str, available: Sequence[str], version: str = "") -> l
     (ONNX Runtime places each node on the first provider that runs it); a ``DeviceError`` when
     ``available`` has no CUDA provider. "auto": the CUDA list when the provider is there, else the CPU.
     """
-    device = normalize_device(device)
+    device = check_device_spec(device)
     if device == "cpu" or (device == "auto" and CUDA_PROVIDER not in available):
         return [CPU_PROVIDER]
     if CUDA_PROVIDER not in available:
@@ -82,7 +76,7 @@ def check_session_providers(device: str, providers: Sequence[Any], used: Sequenc
     wanted = [p for p in providers if isinstance(p, tuple) and p[0] == CUDA_PROVIDER]
     if wanted and CUDA_PROVIDER in used:
         return f"cuda:{wanted[0][1]['device_id']}"
-    if wanted and is_gpu(normalize_device(device)):
+    if wanted and is_gpu(check_device_spec(device)):
         raise DeviceError(f"device {device!r}: ONNX Runtime has its {CUDA_PROVIDER} but could not start it on "
                           f"GPU {wanted[0][1]['device_id']} (no NVIDIA driver, no such GPU, or CUDA / cuDNN "
                           "libraries that do not match onnxruntime-gpu; its log above says which): fix that, or "
@@ -94,7 +88,7 @@ def predictor_device(device: str, backend: str) -> str:
     """The device a predictor on ``backend`` would run on for the spec ``device``, as "cpu" or
     "cuda:N"; a ``DeviceError`` naming the fix when it asks for a GPU this machine's ``backend``
     cannot use. Cheap (no model is loaded), so callers check before a slow export."""
-    device = normalize_device(device)
+    device = check_device_spec(device)
     if device == "cpu":
         return "cpu"
     if backend == "torch":

@@ -117,9 +117,10 @@ def verify_devices(device: str = "cpu") -> dict[str, str]:
     ``.onnx`` runs on ONNX Runtime's CUDA provider when this ONNX Runtime has one, and on the CPU
     otherwise (the plain onnxruntime wheel): the check still covers the file, only not on the GPU.
     """
-    from sampan.inference.device import CUDA_PROVIDER, normalize_device, predictor_device
+    from sampan.inference.device import CUDA_PROVIDER, predictor_device
+    from sampan.utils.device import check_device_spec
 
-    device = normalize_device(device)
+    device = check_device_spec(device)
     if device == "cpu":
         return {"torch": "cpu", "onnxruntime": "cpu"}
     import onnxruntime

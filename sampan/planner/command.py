@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from sampan.planner.hardware import PRESETS, get_hardware
-from sampan.planner.layout import Workload, parse_fix
+from sampan.planner.layout import FIX_METAVAR, Workload, parse_fix
 from sampan.planner.model_shape import load_model
 from sampan.planner.report import print_table, run_file_text, to_json, write_run_file
 from sampan.planner.search import check_inputs, evaluate, mp_problem, search
@@ -41,8 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     hw.add_argument("--matmul-efficiency", type=float, default=None,
                     help="share of peak the matmuls reach (calibrated default: see docs/planner.md)")
     out = parser.add_argument_group("output")
-    out.add_argument("--fix", default=None, metavar="dp=..,mp=..,pp=..,sharding=..,micro_batch=..,recompute=..,"
-                                                    "schedule=..,vpp=..",
+    out.add_argument("--fix", default=None, metavar=FIX_METAVAR,
                      help="evaluate this one layout instead of searching (missing dp takes the leftover GPUs; "
                           "also stage=, sp=, num_micro=)")
     out.add_argument("--from-run", default=None, metavar="OUTPUT_DIR",

@@ -106,6 +106,10 @@ class Layout:
             recompute=self.recompute, amp=amp)
 
 
+# How ``--fix`` looks in ``--help`` (``sampan plan`` and ``sampan simulate`` both take it).
+FIX_METAVAR = "dp=..,mp=..,pp=..,sharding=..,micro_batch=..,recompute=..,schedule=..,vpp=.."
+
+
 def parse_fix(text: str, gpus: int, workload: Workload) -> Layout:
     """``--fix dp=1,mp=8,pp=8,sharding=1,micro_batch=1,recompute=full,schedule=interleaved,vpp=2``.
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from sampan.text.features import FEATURE_NAMES
 from sampan.text.masking import MaskingSchedule
-from sampan.trainer.arguments import TrainingArguments
+from sampan.trainer.arguments import AMP_MODES, TrainingArguments
 
 
 @dataclasses.dataclass
@@ -85,8 +85,8 @@ class PretrainConfig:
         self.device = check_device_spec(self.device)
         if self.amp in ("none", ""):
             self.amp = None
-        if self.amp not in (None, "auto", "bf16", "fp16"):
-            raise ValueError(f"amp must be none, auto, bf16 or fp16, got {self.amp!r}")
+        if self.amp not in AMP_MODES:
+            raise ValueError(f"amp must be one of {list(AMP_MODES)}, got {self.amp!r}")
         for name in ("max_steps", "batch_size", "logging_steps"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")

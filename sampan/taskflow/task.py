@@ -51,9 +51,9 @@ class Task:
         self.precision = precision
         self.num_threads = num_threads
         self.backend = backend
-        from sampan.inference.device import normalize_device
+        from sampan.utils.device import check_device_spec
 
-        self.device = normalize_device(device)  # the spelling now; the hardware in _load
+        self.device = check_device_spec(device)  # the spelling now; the hardware in _load
         self.options = kwargs
         self._construct_model(self.model_name)
 

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from sampan.amp import auto_cast
+from sampan.amp import auto_cast, cpu_gemm_rates
 from sampan.checkpoint import resolve_resume
 from sampan.checkpoint.discovery import checkpoint_dir_name
 from sampan.io import DataLoader
@@ -41,7 +41,7 @@ from sampan.trainer.callbacks import (
 from sampan.trainer.schedules import build_schedule
 from sampan.trainer.state import TrainerState
 from sampan.utils import hardware
-from sampan.utils.hardware import measure_gemm_flops, process_memory_mb
+from sampan.utils.hardware import process_memory_mb
 
 
 class EvalPrediction(NamedTuple):
@@ -246,8 +246,7 @@ class Trainer:
     def _warn_if_bf16_is_emulated() -> None:
         # CPUs without AVX512-BF16 / AMX run bf16 matmuls through a slow emulation (measured here:
         # 0.9 GFLOP/s bf16 against 55 fp32 on an AVX2-only EPYC), so bf16 AMP slows training down.
-        bf16 = measure_gemm_flops(torch.bfloat16, size=256, seconds=0.05)
-        fp32 = measure_gemm_flops(torch.float32, size=256, seconds=0.05)
+        bf16, fp32 = cpu_gemm_rates()  # the measurement amp="auto" decides by
         if bf16 < fp32:
             warnings.warn(
                 f"amp='bf16' on a CPU without fast bf16 matmuls ({bf16 / 1e9:.1f} GFLOP/s bf16 vs "
