@@ -359,7 +359,7 @@ def test_write_strategy_round_trips_through_the_trainer(tmp_path, capsys):
         data_ranks = degrees["dp"] * degrees["sharding"]
         assert pipe.accumulate_steps * config.training.per_device_train_batch_size * data_ranks == 256
         if extra:
-            assert degrees == {"dp": 2, "sharding": 1, "pp": 8, "mp": 4}
+            assert degrees == {"dp": 2, "sharding": 1, "pp": 8, "cp": 1, "mp": 4}
             assert (pipe.schedule_mode, pipe.virtual_pp_degree, strategy.recompute) == ("Interleaved1F1B", 2, "full")
 
 

@@ -24,7 +24,7 @@ def test_paddle_style_hybrid_configs():
     cfg = strategy.hybrid_configs
     assert isinstance(cfg, HybridConfig)
     assert cfg["mp_degree"] == 2 and cfg.pp_degree == 2
-    assert dict(cfg) == {"dp_degree": 2, "mp_degree": 2, "pp_degree": 2, "sharding_degree": 1}
+    assert dict(cfg) == {"dp_degree": 2, "mp_degree": 2, "pp_degree": 2, "sharding_degree": 1, "cp_degree": 1}
     assert cfg.to_dict() == dict(cfg)
     assert "dp_degree" in cfg
 
@@ -33,7 +33,8 @@ def test_partial_update_keeps_other_values():
     strategy = DistributedStrategy()
     strategy.hybrid_configs = {"dp_degree": 2, "mp_degree": 4}
     strategy.hybrid_configs = {"pp_degree": 3}
-    assert dict(strategy.hybrid_configs) == {"dp_degree": 2, "mp_degree": 4, "pp_degree": 3, "sharding_degree": 1}
+    assert dict(strategy.hybrid_configs) == {"dp_degree": 2, "mp_degree": 4, "pp_degree": 3, "sharding_degree": 1,
+                                             "cp_degree": 1}
     strategy.pipeline_configs = {"accumulate_steps": 8}
     strategy.pipeline_configs = {"micro_batch_size": 2}
     assert strategy.pipeline_configs.accumulate_steps == 8
@@ -142,11 +143,13 @@ def test_sharding_flag_is_derived():
 
 def test_resolve_leftover_degree():
     strategy = DistributedStrategy(hybrid_configs={"dp_degree": -1, "mp_degree": 2, "pp_degree": 2})
-    assert strategy.resolve_degrees(8) == {"dp": 2, "sharding": 1, "pp": 2, "mp": 2}
+    assert strategy.resolve_degrees(8) == {"dp": 2, "sharding": 1, "pp": 2, "cp": 1, "mp": 2}
     assert strategy.resolve_degrees(16)["dp"] == 4
     strategy.hybrid_configs = {"dp_degree": 1, "sharding_degree": -1}
     assert strategy.resolve_degrees(16)["sharding"] == 4
-    assert DistributedStrategy().resolve_degrees(1) == {"dp": 1, "sharding": 1, "pp": 1, "mp": 1}
+    assert DistributedStrategy().resolve_degrees(1) == {"dp": 1, "sharding": 1, "pp": 1, "cp": 1, "mp": 1}
+    strategy.hybrid_configs = {"sharding_degree": 2, "cp_degree": -1}
+    assert strategy.resolve_degrees(32) == {"dp": 1, "sharding": 2, "pp": 2, "cp": 4, "mp": 2}
 
 
 def test_resolve_errors():
@@ -220,7 +223,9 @@ def test_to_dict_from_dict_round_trip():
     strategy.recompute = "selective"
     strategy.amp = "bf16"
     data = strategy.to_dict()
-    assert data["hybrid_configs"] == {"dp_degree": -1, "mp_degree": 2, "pp_degree": 2, "sharding_degree": 2}
+    assert data["hybrid_configs"] == {"dp_degree": -1, "mp_degree": 2, "pp_degree": 2, "sharding_degree": 2,
+                                      "cp_degree": 1}
+    assert data["amp_configs"] == {"level": "O1", "use_master_weight": True, "use_master_grad": True}
     assert data["amp"] == "bf16" and data["recompute"] == "selective"
     again = DistributedStrategy.from_dict(data)
     assert again == strategy and again.to_dict() == data
@@ -256,5 +261,22 @@ def test_repr_is_readable():
     strategy = DistributedStrategy(hybrid_configs={"mp_degree": 2}, amp="bf16")
     text = repr(strategy)
     assert text.startswith("DistributedStrategy(")
-    assert "HybridConfig(dp_degree=1, mp_degree=2, pp_degree=1, sharding_degree=1)" in text
+    assert "HybridConfig(dp_degree=1, mp_degree=2, pp_degree=1, sharding_degree=1, cp_degree=1)" in text
+    assert "AmpConfig(level='O1'" in text
     assert "amp='bf16'" in text and "recompute='none'" in text
+
+
+def test_amp_configs_o2_is_checked_against_amp():
+    strategy = DistributedStrategy(amp_configs={"level": "O2"})
+    assert strategy.amp_configs.use_master_weight and strategy.amp_configs.use_master_grad
+    with pytest.raises(ValueError, match="needs strategy.amp = 'bf16'"):
+        strategy.check_precision()
+    strategy.amp = "bf16"
+    assert strategy.pure_bf16
+    strategy.amp_configs = {"level": "O1"}
+    assert not strategy.pure_bf16
+    for bad, words in (({"level": "O3"}, ["level", "O1", "O2"]), ({"use_master_grad": 1}, ["use_master_grad"]),
+                       ({"use_pure_bf16": True}, ["use_pure_bf16", "allowed"])):
+        with pytest.raises(ValueError) as info:
+            strategy.amp_configs = bad
+        assert all(w in str(info.value) for w in words), str(info.value)

@@ -30,9 +30,14 @@ from sampan.distributed import env
 from sampan.distributed.clip import HybridClipGradByGlobalNorm
 from sampan.distributed.model import DistributedModel
 from sampan.distributed.pipeline import PipelineRunner, StageNames, TiedWeightSync, build_stage_modules
+from sampan.distributed.precision import cast_parameters, mixed_precision_policy
 from sampan.distributed.sharding import apply_sharding
 from sampan.distributed.strategy import DistributedStrategy
-from sampan.distributed.tensor_parallel import apply_tensor_parallel, uses_loss_parallel
+from sampan.distributed.tensor_parallel import (
+    apply_tensor_parallel,
+    stage_sequence_parallel_plan,
+    uses_loss_parallel,
+)
 from sampan.distributed.topology import HybridCommunicateGroup
 from sampan.models.pipeline_parts import PipelineParts
 from sampan.models.registry import spec_of
@@ -119,10 +124,8 @@ class Fleet:
         return self
 
     def _check(self, strategy: DistributedStrategy) -> dict[str, int]:
-        degrees = strategy.resolve_degrees(dist.get_world_size())
-        if strategy.tensor_parallel_configs.sequence_parallel and degrees["mp"] > 1 and degrees["pp"] > 1:
-            raise ValueError("sequence_parallel with pp_degree > 1 is not implemented yet; use it with mp and dp")
-        return degrees
+        strategy.check_precision()
+        return strategy.resolve_degrees(dist.get_world_size())
 
     def _topology(self) -> HybridCommunicateGroup:
         """The topology of the strategy in force, built on first use."""
@@ -214,12 +217,8 @@ class Fleet:
             if plan is None:
                 raise ValueError(f"mp_degree {degrees['mp']} needs a tensor-parallel plan for {type(model).__name__}: "
                                  "pass tp_plan={'module.name.pattern': 'colwise' | 'rowwise' | 'vocab'}")
-            if strategy.tensor_parallel_configs.sequence_parallel:
-                sp_plan = _family_split(model, "sequence_parallel_plan") if tp_plan is None else None
-                if sp_plan is None:
-                    raise ValueError("sequence_parallel needs a model family's sequence-parallel plan (sampan's GPT, "
-                                     f"ERNIE and Llama / Qwen have one); {type(model).__name__} with a custom "
-                                     "tp_plan has none")
+            sp_plan = self._sequence_parallel_plan(model, tp_plan)
+            if sp_plan is not None:
                 parallelize_module(model, hcg.mesh["mp"], sp_plan)
                 if hasattr(model, "tie_weights"):
                     model.tie_weights()
@@ -228,11 +227,48 @@ class Fleet:
             loss_parallel = uses_loss_parallel(model, plan)
         apply_recompute(model, strategy.recompute)
         apply_compile(model, compile)
-        if hcg.data_world_size > 1:
-            apply_sharding(model, hcg.data_mesh(), strategy.sharding_configs.stage)
+        self._shard(model)
         new = dict(model.named_parameters(remove_duplicate=False))
         self._set_param_map({pid: (ref, new[name]) for pid, (ref, name) in old.items() if name in new})
-        return DistributedModel(model, hcg, strategy, loss_parallel)
+        loss_kind = self._context_parallel_parts(model, None).loss if degrees["cp"] > 1 else None
+        return DistributedModel(model, hcg, strategy, loss_parallel, loss_kind=loss_kind)
+
+    def _shard(self, module: nn.Module) -> None:
+        """FSDP2 over the data (and context-parallel) ranks, with the strategy's precision.
+
+        Pure bf16 (O2) shards even on one data rank: FSDP2's mixed precision is what holds the fp32
+        master weights and gathers the bf16 copies."""
+        hcg, strategy = self.hcg, self.strategy
+        cast_parameters(module, strategy)
+        policy = mixed_precision_policy(strategy)
+        if hcg.grad_world_size > 1 or policy is not None:
+            apply_sharding(module, hcg.data_mesh(), strategy.sharding_configs.stage, policy)
+
+    def _context_parallel_parts(self, model: nn.Module, parts: PipelineParts | None) -> PipelineParts:
+        """The parts that tell context parallel the model's loss and how positions reach it; a clear
+        error for a model that cannot run it."""
+        parts = parts if parts is not None else _family_split(model, "pipeline_parts")
+        cp = self.hcg.degrees["cp"]
+        if parts is None:
+            raise ValueError(f"cp_degree {cp} needs to know {type(model).__name__}'s loss and positions: pass "
+                             "pipeline_parts=PipelineParts(..., positions='embeddings' | 'rotary') (sampan's GPT, "
+                             "Llama / Qwen causal LMs and ERNIE's MLM have theirs)")
+        if parts.positions == "none":
+            raise ValueError(f"cp_degree {cp}: {type(model).__name__}'s PipelineParts say positions='none', so the "
+                             "model cannot be told which token positions a rank holds; declare positions="
+                             "'embeddings' or 'rotary' in its PipelineParts")
+        return parts
+
+    def _sequence_parallel_plan(self, model: nn.Module, tp_plan: dict[str, str] | None) -> dict[str, object] | None:
+        """The family's sequence-parallel plan when the strategy asks for one (at mp > 1), else None."""
+        if not self.strategy.tensor_parallel_configs.sequence_parallel:
+            return None
+        sp_plan = _family_split(model, "sequence_parallel_plan") if tp_plan is None else None
+        if sp_plan is None:
+            raise ValueError("sequence_parallel needs a model family's sequence-parallel plan (sampan's GPT, "
+                             f"ERNIE and Llama / Qwen have one); {type(model).__name__} with a custom "
+                             "tp_plan has none")
+        return sp_plan
 
     def _distributed_pipeline_model(self, model: nn.Module, tp_plan: dict[str, str] | None,
                                     parts: PipelineParts | None, compile: bool = False) -> DistributedModel:
@@ -244,6 +280,8 @@ class Fleet:
             raise ValueError(f"pp_degree {degrees['pp']} needs pipeline split points for {type(model).__name__}: pass "
                              "pipeline_parts=PipelineParts(embeddings, layers, norm, lm_head, loss) "
                              "(sampan's language models have theirs: GPT and Llama / Qwen causal LMs, ERNIE's MLM)")
+        if degrees["cp"] > 1:
+            self._context_parallel_parts(model, parts)
         tied = {id(p) for p in parts.embeddings.parameters()} & {id(p) for p in parts.lm_head.parameters()}
         pipe = strategy.pipeline_configs
         virtual = pipe.virtual_pp_degree
@@ -251,22 +289,27 @@ class Fleet:
         names = StageNames.of(model, [m for _, m in stages])
         old = {id(p): (weakref.ref(p), k, name) for k, (_, m) in enumerate(stages) for name, p in m.named_parameters()}
         plan = tp_plan if tp_plan is not None else _family_split(model, "tensor_parallel_plan")
+        sp_plan = self._sequence_parallel_plan(model, tp_plan) if degrees["mp"] > 1 else None
         model_names = {id(m): name for name, m in model.named_modules(remove_duplicate=False)}
         for _, module in stages:
             if degrees["mp"] > 1:
                 if plan is None:
                     raise ValueError(f"mp_degree {degrees['mp']} needs a tensor-parallel plan for "
                                      f"{type(model).__name__}")
-                # The plan's patterns are written against the model's names; a stage holds the
-                # same modules under its own (``embeddings``, ``layers.0``), so match by the model's.
+                # The plans are written against the model's names; a stage holds the same modules
+                # under its own (``embeddings``, ``layers.0``), so match by the model's.
                 as_model = {name: model_names.get(id(m), name) for name, m in module.named_modules()}
-                apply_tensor_parallel(module, hcg.mesh["mp"], plan, require_match=False, sharded_logits=False,
-                                      match_names=as_model)
+                if sp_plan is not None:
+                    held = {name: model_names[id(m)] for name, m in module.named_modules() if id(m) in model_names}
+                    parallelize_module(module, hcg.mesh["mp"],
+                                       stage_sequence_parallel_plan(sp_plan, held, module.lm_head is not None))
+                else:
+                    apply_tensor_parallel(module, hcg.mesh["mp"], plan, require_match=False, sharded_logits=False,
+                                          match_names=as_model)
             apply_recompute(module, strategy.recompute)
             if compile and recompute_targets(module):  # the embedding / head stages have no blocks
                 apply_compile(module, compile)
-            if hcg.data_world_size > 1:
-                apply_sharding(module, hcg.data_mesh(), strategy.sharding_configs.stage)
+            self._shard(module)
         news = [dict(m.named_parameters()) for _, m in stages]
         param_map = {pid: news[k][name] for pid, (_, k, name) in old.items()}
         tied_params = [param_map[pid] for pid in tied if pid in param_map]
@@ -277,8 +320,9 @@ class Fleet:
                     if pid in param_map and any(q is param_map[pid] for q in new.values()):
                         param_map[pid]._sampan_pipeline_duplicate = True
         device = env.local_device()
+        zero3 = hcg.grad_world_size > 1 and strategy.sharding_configs.stage == 3
         runner = PipelineRunner(stages, num_stages, hcg.get_pipe_parallel_group(), pipe.schedule_mode,
-                                pipe.accumulate_steps, parts.loss, device)
+                                pipe.accumulate_steps, parts.loss, device, zero3=zero3)
         sync = TiedWeightSync(hcg.mesh, tied_params) if tied else None
         self._set_param_map({pid: (old[pid][0], q) for pid, q in param_map.items()})
         return DistributedModel(model, hcg, strategy, loss_parallel=False, pipeline=runner, tied_sync=sync,

@@ -13,12 +13,14 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.pipelining import (
     PipelineStage,
     Schedule1F1B,
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
 )
+from torch.distributed.pipelining._backward import stage_backward
 from torch.distributed.tensor import DTensor
 
 from sampan.models.pipeline_parts import PipelineParts
@@ -28,7 +30,9 @@ class StageModule(nn.Module):
     """One pipeline stage: optional embeddings, a run of blocks, optional final norm and head.
 
     Attribute names mirror the model's (``embeddings``, ``layers``, ``lm_head``) so the same
-    tensor-parallel plan patterns apply to a stage.
+    tensor-parallel plan patterns apply to a stage. ``head_input`` (last stage only) is an
+    identity the head reads through: a place for a sequence-parallel plan to gather the sequence
+    shards back into whole sequences before the head, which no module of the model offers there.
     """
 
     def __init__(self, parts: PipelineParts, first: int, last: int, is_first: bool, is_last: bool):
@@ -36,18 +40,33 @@ class StageModule(nn.Module):
         self.embeddings = parts.embeddings if is_first else None
         self.layers = nn.ModuleList(parts.layers[first:last])
         self.norm = parts.norm if is_last else None
+        self.head_input = nn.Identity() if is_last else None
         self.lm_head = parts.lm_head if is_last else None
         self.block_args = parts.block_args
+        self.position_input = parts.positions
+        # Not a submodule: a rotary embedding holds no tensors, and the model's name for it must
+        # not appear among the stage's modules.
+        self._rotary = [parts.rotary] if parts.rotary is not None else []
+        self.positions: torch.Tensor | None = None
+        """The token positions this rank's sequences hold, when they are not ``0 .. s-1`` (context
+        parallel); set by the runner before each step."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        positions = self.positions
         if self.embeddings is not None:
-            x = self.embeddings(x)
+            if positions is not None and self.position_input == "embeddings":
+                x = self.embeddings(x, position_ids=positions[None].expand(x.shape[0], -1))
+            else:
+                x = self.embeddings(x)
+        extra = {}
+        if positions is not None and self._rotary:
+            extra["position_embeddings"] = self._rotary[0](positions[None], x.dtype)
         for layer in self.layers:
-            x = layer(x, *self.block_args)
+            x = layer(x, *self.block_args, **extra)
         if self.norm is not None:
             x = self.norm(x)
         if self.lm_head is not None:
-            x = self.lm_head(x)
+            x = self.lm_head(self.head_input(x))
         return x
 
 
@@ -84,14 +103,40 @@ def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor, kind: str) -> tor
                            ignore_index=-100, reduction="sum")
 
 
+class ZeRO3Stage(PipelineStage):
+    """A pipeline stage that keeps ZeRO-3's memory promise across micro-batches.
+
+    torch's ``PipelineStage`` runs every micro-batch's backward with FSDP's gradient sync off and
+    the parameters left gathered, and reduces once after the last: right for ZeRO-1/2, but under
+    ZeRO-3 it holds every block's unsharded parameters and fp32 gradients for the rest of the step,
+    which is the memory stage 3 exists to save. Here each micro-batch's backward reduce-scatters
+    its gradients (FSDP2 adds them to the sharded ones) and reshards the parameters, as
+    ``DistributedModel`` does without a pipeline. torch's final reduction then finds nothing left
+    to reduce. Only full backwards occur (sampan's schedules are GPipe, 1F1B and Interleaved1F1B).
+    """
+
+    def backward_maybe_with_nosync(self, backward_type, bwd_kwargs: dict, last_backward: bool = False):
+        if backward_type != "full" or not isinstance(self.submod, FSDPModule):
+            return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
+        self.submod.set_is_last_backward(True)  # wait for this micro-batch's reduce-scatter before the next
+        self.submod.set_reshard_after_backward(True)
+        self.submod.set_requires_gradient_sync(True)
+        grads = stage_backward(bwd_kwargs["stage_output"], bwd_kwargs["output_grads"], bwd_kwargs["input_values"])
+        return grads, None
+
+
 SCHEDULES = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B, "Interleaved1F1B": ScheduleInterleaved1F1B}
 
 
 class PipelineRunner:
-    """Holds this rank's stages and schedule; ``run`` does one forward/backward over all micro-batches."""
+    """Holds this rank's stages and schedule; ``run`` does one forward/backward over all micro-batches.
+
+    ``zero3``: the stages are sharded at ZeRO stage 3, so gradients are reduced per micro-batch
+    (:class:`ZeRO3Stage`).
+    """
 
     def __init__(self, stages: list[tuple[int, StageModule]], num_stages: int, pp_group, schedule_mode: str,
-                 n_microbatches: int, loss_kind: str, device: torch.device):
+                 n_microbatches: int, loss_kind: str, device: torch.device, zero3: bool = False):
         self.modules = [module for _, module in stages]
         self.num_stages = num_stages
         self.pp_group = pp_group
@@ -99,18 +144,29 @@ class PipelineRunner:
         self.has_first = any(i == 0 for i, _ in stages)
         self.has_last = any(i == num_stages - 1 for i, _ in stages)
         self._scale = 1.0
-        self.stages = [PipelineStage(module, i, num_stages, device, group=pp_group) for i, module in stages]
+        self._loss_kind = loss_kind
+        stage_class = ZeRO3Stage if zero3 else PipelineStage
+        self.stages = [stage_class(module, i, num_stages, device, group=pp_group) for i, module in stages]
         cls = SCHEDULES[schedule_mode]
         stage_arg = self.stages if cls is ScheduleInterleaved1F1B else self.stages[0]
         # The loss is scaled by hand (token weighting), so the schedule must not divide gradients.
         self.schedule = cls(stage_arg, n_microbatches=n_microbatches, loss_fn=self._loss, scale_grads=False)
 
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return token_loss_sum(logits, labels, self.loss_kind) * self._scale
+        return token_loss_sum(logits, labels, self._loss_kind) * self._scale
 
-    def run(self, input_ids: torch.Tensor, labels: torch.Tensor, scale: float, train: bool = True) -> torch.Tensor:
-        """Run the schedule; returns the sum of the micro-batch losses on the last stage (0 elsewhere)."""
+    def run(self, input_ids: torch.Tensor, labels: torch.Tensor, scale: float, train: bool = True,
+            positions: torch.Tensor | None = None, loss_kind: str | None = None) -> torch.Tensor:
+        """Run the schedule; returns the sum of the micro-batch losses on the last stage (0 elsewhere).
+
+        ``positions``: the token positions of ``input_ids``' columns when they are not ``0 .. s-1``
+        (context parallel); ``loss_kind`` overrides the parts' loss ("token" for labels already
+        shifted to the next token).
+        """
         self._scale = scale
+        self._loss_kind = loss_kind or self.loss_kind
+        for module in self.modules:
+            module.positions = positions
         losses: list[torch.Tensor] = []
         args = (input_ids,) if self.has_first else ()
         kwargs = {"target": labels, "losses": losses} if self.has_last else {}

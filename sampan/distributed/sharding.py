@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from sampan.nn.transformer import TransformerBlock
 
@@ -31,12 +31,17 @@ def shard_units(model: nn.Module) -> list[nn.Module]:
     return [child for m in model.modules() if isinstance(m, nn.ModuleList) for child in m]
 
 
-def apply_sharding(model: nn.Module, mesh: DeviceMesh, stage: int) -> nn.Module:
-    """``fully_shard`` each block, then the root (embeddings, norms, head) over ``mesh``."""
+def apply_sharding(model: nn.Module, mesh: DeviceMesh, stage: int,
+                   mp_policy: MixedPrecisionPolicy | None = None) -> nn.Module:
+    """``fully_shard`` each block, then the root (embeddings, norms, head) over ``mesh``.
+
+    ``mp_policy``: FSDP2's mixed precision (``sampan.distributed.precision``), None for none.
+    """
     if stage not in (1, 2, 3):
         raise ValueError(f"sharding stage must be 1, 2 or 3, got {stage}")
     reshard = stage == 3
+    extra = {"mp_policy": mp_policy} if mp_policy is not None else {}
     for unit in shard_units(model):
-        fully_shard(unit, mesh=mesh, reshard_after_forward=reshard)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+        fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, **extra)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard, **extra)
     return model

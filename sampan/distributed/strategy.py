@@ -3,7 +3,7 @@
     strategy = DistributedStrategy()
     strategy.hybrid_configs = {"dp_degree": -1, "mp_degree": 2, "pp_degree": 2}
     strategy.pipeline_configs = {"accumulate_steps": 8}
-    degrees = strategy.resolve_degrees(world_size=8)   # {"dp": 2, "sharding": 1, "pp": 2, "mp": 2}
+    degrees = strategy.resolve_degrees(world_size=8)   # {"dp": 2, "sharding": 1, "pp": 2, "cp": 1, "mp": 2}
     strategy.validate_for_model(num_heads=8, num_layers=12, vocab_size=50304, degrees=degrees)
 
 Each section is a frozen dataclass checked in ``__post_init__``. Assigning a dict to a section updates
@@ -23,7 +23,8 @@ SCHEDULE_MODES = ("1F1B", "Interleaved1F1B", "GPipe")
 SCHEDULE_ALIASES = {"FThenB": "GPipe"}  # Paddle's name for all-forwards-then-all-backwards
 RECOMPUTE_MODES = ("none", "full", "selective")
 AMP_DTYPES = (None, "bf16", "fp16")
-AXES = ("dp", "sharding", "pp", "mp")  # the keys of resolve_degrees, outermost mesh axis first
+AMP_LEVELS = ("O1", "O2")
+AXES = ("dp", "sharding", "pp", "cp", "mp")  # the keys of resolve_degrees
 
 S = TypeVar("S", bound="_Section")
 
@@ -87,6 +88,10 @@ class HybridConfig(_Section):
     """Pipeline stages: the layers are cut into this many consecutive groups."""
     sharding_degree: int = 1
     """Ranks that split one copy of the optimizer state (and more, by ShardingConfig.stage)."""
+    cp_degree: int = 1
+    """Context parallel ranks: each holds 1/cp of every sequence's tokens (attention gathers the
+    keys and values of the others), for sequences too long for one rank's activations. They also
+    share the sharded model state, as sharding ranks do."""
 
     def __post_init__(self) -> None:
         for name in self.keys():
@@ -156,9 +161,36 @@ class TensorParallelConfig(_Section):
             raise ValueError(f"TensorParallelConfig.sequence_parallel must be True or False, got {self.sequence_parallel!r}")
 
 
+@dataclasses.dataclass(frozen=True)
+class AmpConfig(_Section):
+    """How mixed precision (``strategy.amp = "bf16"``) holds the parameters (Paddle's AMP levels)."""
+
+    _attr = "amp_configs"
+    level: str = "O1"
+    """"O1": autocast over fp32 parameters (the matmuls run in bf16, each casting its weight).
+    "O2": the parameters themselves are bf16 where the model computes (FSDP2 mixed precision):
+    all-gathers and the gathered parameters are bf16, and activations flow in bf16."""
+    use_master_weight: bool = True
+    """O2: keep the sharded parameters the optimizer updates, and its state, in fp32 (Paddle's master
+    weights); False holds parameters and optimizer state in bf16 too (half the model state,
+    updates rounded to bf16)."""
+    use_master_grad: bool = True
+    """O2: accumulate micro-batch gradients and reduce them across ranks in fp32; False reduces in
+    bf16 (half the gradient traffic)."""
+
+    def __post_init__(self) -> None:
+        if self.level not in AMP_LEVELS:
+            raise ValueError(f"AmpConfig.level must be one of {list(AMP_LEVELS)} (O1: autocast over fp32 "
+                             f"parameters; O2: bf16 parameters with fp32 master weights), got {self.level!r}")
+        for name in ("use_master_weight", "use_master_grad"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"AmpConfig.{name} must be True or False, got {getattr(self, name)!r}")
+
+
 _SECTIONS: dict[str, type[_Section]] = {
     "hybrid_configs": HybridConfig, "sharding_configs": ShardingConfig,
     "pipeline_configs": PipelineConfig, "tensor_parallel_configs": TensorParallelConfig,
+    "amp_configs": AmpConfig,
 }
 
 
@@ -177,8 +209,8 @@ def _section(attr: str) -> property:
 class DistributedStrategy:
     """The hybrid-parallel layout of a run (Paddle's ``fleet.DistributedStrategy``), validated as it is set.
 
-    ``hybrid_configs``, ``sharding_configs``, ``pipeline_configs`` and ``tensor_parallel_configs``
-    read as dataclasses (also ``cfg["key"]`` and ``dict(cfg)``) and take a whole dataclass or a dict
+    ``hybrid_configs``, ``sharding_configs``, ``pipeline_configs``, ``tensor_parallel_configs`` and
+    ``amp_configs`` read as dataclasses (also ``cfg["key"]`` and ``dict(cfg)``) and take a whole dataclass or a dict
     of some keys. ``recompute`` and ``amp`` also take Paddle's booleans. Keyword arguments set the same
     attributes: ``DistributedStrategy(hybrid_configs={"mp_degree": 2}, amp="bf16")``.
     """
@@ -187,15 +219,18 @@ class DistributedStrategy:
     sharding_configs = _section("sharding_configs")
     pipeline_configs = _section("pipeline_configs")
     tensor_parallel_configs = _section("tensor_parallel_configs")
+    amp_configs = _section("amp_configs")
 
     def __init__(self, *, hybrid_configs: Mapping[str, Any] | HybridConfig | None = None,
                  sharding_configs: Mapping[str, Any] | ShardingConfig | None = None,
                  pipeline_configs: Mapping[str, Any] | PipelineConfig | None = None,
                  tensor_parallel_configs: Mapping[str, Any] | TensorParallelConfig | None = None,
+                 amp_configs: Mapping[str, Any] | AmpConfig | None = None,
                  recompute: str | bool = "none", amp: str | bool | None = None) -> None:
         self._sections: dict[str, Any] = {attr: cls() for attr, cls in _SECTIONS.items()}
         given = {"hybrid_configs": hybrid_configs, "sharding_configs": sharding_configs,
-                 "pipeline_configs": pipeline_configs, "tensor_parallel_configs": tensor_parallel_configs}
+                 "pipeline_configs": pipeline_configs, "tensor_parallel_configs": tensor_parallel_configs,
+                 "amp_configs": amp_configs}
         for attr, value in given.items():
             if value is not None:
                 setattr(self, attr, value)
@@ -268,12 +303,25 @@ class DistributedStrategy:
         sections = "".join(f"\n    {attr}={section!r}," for attr, section in self._sections.items())
         return f"DistributedStrategy({sections}\n    recompute={self.recompute!r}, amp={self.amp!r},\n)"
 
+    def check_precision(self) -> None:
+        """A clear error when ``amp_configs`` and ``amp`` disagree (they are set apart, so checked at use)."""
+        if self.amp_configs.level == "O2" and self.amp != "bf16":
+            raise ValueError(f"amp_configs level 'O2' (bf16 parameters) needs strategy.amp = 'bf16', got amp={self.amp!r}; "
+                             "set strategy.amp = 'bf16', or amp_configs = {'level': 'O1'}")
+
+    @property
+    def pure_bf16(self) -> bool:
+        """Whether the parameters compute in bf16 (``amp_configs`` level "O2" with ``amp="bf16"``)."""
+        self.check_precision()
+        return self.amp_configs.level == "O2"
+
     def resolve_degrees(self, world_size: int) -> dict[str, int]:
-        """The degrees ``{"dp", "sharding", "pp", "mp"}`` for ``world_size`` ranks, a -1 filled in."""
+        """The degrees ``{"dp", "sharding", "pp", "cp", "mp"}`` for ``world_size`` ranks, a -1 filled in."""
         if not _is_int(world_size) or world_size < 1:
             raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
         h = self.hybrid_configs
-        degrees = {"dp": h.dp_degree, "sharding": h.sharding_degree, "pp": h.pp_degree, "mp": h.mp_degree}
+        degrees = {"dp": h.dp_degree, "sharding": h.sharding_degree, "pp": h.pp_degree, "cp": h.cp_degree,
+                   "mp": h.mp_degree}
         leftover = [axis for axis, d in degrees.items() if d == -1]
         if leftover:
             others = {axis: d for axis, d in degrees.items() if d != -1}

@@ -23,6 +23,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
+    PrepareModuleInput,
     RowwiseParallel,
     SequenceParallel,
     loss_parallel,
@@ -116,6 +117,35 @@ def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, plan: dict[str, st
     if hasattr(model, "tie_weights"):
         model.tie_weights()
     return model
+
+
+def stage_sequence_parallel_plan(model_plan: Mapping[str, object], stage_to_model: Mapping[str, str],
+                                 is_last: bool) -> dict[str, object]:
+    """A family's sequence-parallel plan, written for the whole model, restated for one pipeline stage.
+
+    ``model_plan`` is keyed by the model's module names; ``stage_to_model`` maps each of the stage's
+    module names to the model's name for the same module (modules the model does not hold, such as
+    the stage's own containers, are left out). Entries for modules on other stages, and for the
+    model's body (whose output gather has no place in a stage), drop out. Between stages the
+    residual stream travels as this rank's sequence shard ``[b, s / mp, h]``, so what a pipeline
+    sends and keeps per micro-batch shrinks by ``mp`` too.
+
+    The last stage gathers the sequence before its head (``head_input``), and its vocabulary-parallel
+    logits are gathered as well: the pipeline's loss runs on plain tensors.
+    """
+    to_stage = {model: stage for stage, model in stage_to_model.items()}
+    plan: dict[str, object] = {}
+    for name, style in model_plan.items():
+        stage_name = to_stage.get(name)
+        if stage_name is None or not stage_name:
+            continue
+        if (stage_name == "lm_head" or stage_name.startswith("lm_head.")) and isinstance(style, ColwiseParallel):
+            style = ColwiseParallel(output_layouts=Replicate())
+        plan[stage_name] = style
+    if is_last:
+        plan["head_input"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                                                use_local_output=True)
+    return plan
 
 
 def loss_context(enabled: bool):

@@ -86,8 +86,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         "fleet-gradient-doubled",
         "issue 25 item 5: gradients twice as large as they should be (AdamW hides this; SGD shows it)",
         "sampan/distributed/model.py",
-        "(loss * (weight * self.hcg.data_world_size)).backward()",
-        "(loss * (weight * self.hcg.data_world_size * 2)).backward()",
+        "(part * self.hcg.grad_world_size).backward()",
+        "(part * self.hcg.grad_world_size * 2).backward()",
         ("tests/test_fleet.py", "-k", "sgd and (dp2 or mp2) and not xmp2"),
     ),
     Mutation(
@@ -212,5 +212,31 @@ MUTATIONS: tuple[Mutation, ...] = (
         "    return viterbi_bio(logits, labels, [end > start for start, end in offsets], transitions)",
         "    return [int(i) for i in logits.argmax(-1)]",
         ("tests/test_hub.py", "-k", "evaluate_rescores"),
+    ),
+    Mutation(
+        "zero3-pipeline-reduces-once",
+        "issue 28: a ZeRO-3 pipeline left to torch's stage keeps every block gathered and its gradients "
+        "unsharded until the last micro-batch (the losses stay equal, the memory does not)",
+        "sampan/distributed/fleet.py",
+        "zero3 = hcg.grad_world_size > 1 and strategy.sharding_configs.stage == 3",
+        "zero3 = False",
+        ("tests/test_fleet.py", "-k", "zero3_carried_through_pipelines"),
+    ),
+    Mutation(
+        "context-parallel-mask-dropped",
+        "issue 28: context-parallel attention without the causal mask of the true positions (each query "
+        "would see the future tokens other ranks hold)",
+        "sampan/distributed/context_parallel.py",
+        "mask = self.mask.to(query.device) if is_causal else None",
+        "mask = None",
+        ("tests/test_fleet.py", "-k", "cp2 and gpt and not xpp2 and not sharding"),
+    ),
+    Mutation(
+        "o2-gradients-reduced-in-bf16",
+        "issue 28: O2 reducing gradients in bf16 even with master gradients on (half the traffic, lossy sums)",
+        "sampan/distributed/precision.py",
+        "reduce = torch.float32 if amp.use_master_grad else torch.bfloat16",
+        "reduce = torch.bfloat16",
+        ("tests/test_fleet.py", "-k", "amp_levels"),
     ),
 )

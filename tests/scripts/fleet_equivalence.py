@@ -96,11 +96,56 @@ def batches(family: str, global_batch: int = 8, seq: int = 16):
                    "labels": torch.where(masked, ids, torch.full_like(ids, -100))}
 
 
+def record_diagnostics(dmodel, optimizer, batch) -> tuple[dict, float]:
+    """One training step, recording what this rank sent and held: every collective's calls and
+    bytes (``CommCounter``), the norm of each parameter's whole gradient after the backward (under
+    the model's own parameter names), the boundary tensors its pipeline stages send on, and the
+    dtypes of its parameters, gradients and optimizer state (the sharded ones the optimizer sees)."""
+    from torch.distributed.tensor import DTensor
+
+    from sampan.distributed.comm_counter import CommCounter
+
+    with CommCounter() as comm:
+        loss = dmodel.forward_backward(batch)
+    grad_norms = {}
+    if dmodel._pipeline is not None:
+        named = [(dmodel.stage_names.param_key(k), p) for k, p in dmodel.stages.named_parameters()]
+    else:
+        named = list(dmodel.model.named_parameters())
+    for name, p in named:
+        if p.grad is not None:
+            norm = torch.linalg.vector_norm(p.grad.float())
+            grad_norms[name] = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    params = [p for g in optimizer.torch_optimizer.param_groups for p in g["params"]]
+    local = [p.to_local() if isinstance(p, DTensor) else p for p in params]
+    grads = [p.grad for p in params if p.grad is not None]
+    optimizer.step()
+    optimizer.clear_grad(set_to_zero=False)
+    state = [v for s in optimizer.torch_optimizer.state.values() for k, v in s.items()
+             if isinstance(v, torch.Tensor) and k != "step"]
+    sends = []
+    pipeline = dmodel._pipeline
+    if pipeline is not None:
+        for stage in pipeline.stages:
+            if not stage.is_last:
+                # torch keeps what a stage sends as TensorMeta (shape, dtype) after the first forward
+                sends.append([[*m.shape, str(m.dtype)] for m in stage._stage_meta.outputs])
+    from torch.distributed.fsdp import FSDPModule
+
+    held = dmodel.stages if pipeline is not None else dmodel.model
+    units = sum(1 for m in held.modules() if isinstance(m, FSDPModule))
+    return {"comm": comm.totals(), "boundary_shapes": sends, "grad_norms": grad_norms, "fsdp_units": units,
+            "param_dtypes": sorted({str(p.dtype) for p in local}), "param_bytes": sum(p.numel() * p.element_size()
+                                                                                     for p in local),
+            "grad_dtypes": sorted({str(g.dtype) for g in grads}),
+            "state_dtypes": sorted({str(v.dtype) for v in state})}, loss.item()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
     parser.add_argument("--family", choices=["gpt", "ernie", "llama", "custom"], default="gpt")
-    for axis in ("dp", "mp", "pp", "sharding"):
+    for axis in ("dp", "mp", "pp", "sharding", "cp"):
         parser.add_argument(f"--{axis}", type=int, default=1)
     parser.add_argument("--stage", type=int, default=1)
     parser.add_argument("--accumulate", type=int, default=1)
@@ -108,6 +153,12 @@ def main() -> None:
     parser.add_argument("--vpp", type=int, default=1)
     parser.add_argument("--sp", action="store_true", help="sequence parallel (with --mp)")
     parser.add_argument("--fleet", action="store_true", help="use fleet even in a single process")
+    parser.add_argument("--o2", action="store_true", help="bf16 parameters (amp_configs level O2)")
+    parser.add_argument("--no-master-grad", action="store_true", help="O2: reduce gradients in bf16")
+    parser.add_argument("--no-master-weight", action="store_true", help="O2: bf16 parameters and optimizer state")
+    parser.add_argument("--recompute", default="none")
+    parser.add_argument("--diagnostics", action="store_true",
+                        help="also record, per rank, what the first step sent and held (see record_diagnostics)")
     parser.add_argument("--save-after", type=int, default=0, help="save a DCP checkpoint here after N steps, stop")
     parser.add_argument("--resume-from", default="", help="load this DCP checkpoint, then run the remaining steps")
     parser.add_argument("--ckpt", default="", help="checkpoint directory for --save-after")
@@ -147,7 +198,12 @@ def main() -> None:
 
         strategy = fleet.DistributedStrategy()
         strategy.hybrid_configs = {"dp_degree": args.dp, "mp_degree": args.mp, "pp_degree": args.pp,
-                                   "sharding_degree": args.sharding}
+                                   "sharding_degree": args.sharding, "cp_degree": args.cp}
+        if args.o2:
+            strategy.amp = "bf16"
+            strategy.amp_configs = {"level": "O2", "use_master_grad": not args.no_master_grad,
+                                    "use_master_weight": not args.no_master_weight}
+        strategy.recompute = args.recompute
         strategy.sharding_configs = {"stage": args.stage}
         strategy.pipeline_configs = {"accumulate_steps": args.accumulate, "schedule_mode": args.schedule,
                                      "virtual_pp_degree": args.vpp}
@@ -158,7 +214,12 @@ def main() -> None:
         optimizer = fleet.distributed_optimizer(optimizer)
         if args.resume_from:
             first = load_distributed(args.resume_from, dmodel, optimizer)["step"]
-        for batch in steps[first:]:
+        diagnostics = None
+        for i, batch in enumerate(steps[first:]):
+            if args.diagnostics and i == 0:
+                diagnostics, loss = record_diagnostics(dmodel, optimizer, fleet.shard_batch(batch))
+                losses.append(loss)
+                continue
             losses.append(dmodel.train_batch(fleet.shard_batch(batch), optimizer).item())
         if args.save_after:
             save_distributed(args.ckpt, dmodel, optimizer, extra={"step": args.save_after})
@@ -166,9 +227,12 @@ def main() -> None:
         dist.all_gather_object(gathered, losses)
         if any(g != losses for g in gathered):
             raise RuntimeError(f"ranks disagree on the loss: {gathered}")
+        if args.diagnostics:
+            ranks = [None] * dist.get_world_size()
+            dist.all_gather_object(ranks, diagnostics)
     if not use_fleet or dist.get_rank() == 0:
         with open(args.out, "w") as f:
-            json.dump({"losses": losses}, f)
+            json.dump({"losses": losses, **({"ranks": ranks} if use_fleet and args.diagnostics else {})}, f)
     if dist.is_initialized():
         from sampan.distributed.env import shutdown
 

@@ -45,4 +45,4 @@ def pipeline_parts(model: nn.Module) -> PipelineParts | None:
     if not isinstance(model, ErnieForMaskedLM):
         return None
     return PipelineParts(model.ernie.embeddings, model.ernie.layers, model.ernie.final_norm, model.lm_head,
-                         loss="token", block_args=(None, False))
+                         loss="token", block_args=(None, False), positions="embeddings")

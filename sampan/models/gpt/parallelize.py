@@ -38,4 +38,4 @@ def pipeline_parts(model: nn.Module) -> PipelineParts | None:
     if not isinstance(model, GPTForCausalLM):
         return None
     return PipelineParts(model.gpt.embeddings, model.gpt.layers, model.gpt.norm, model.lm_head,
-                         loss="causal_lm", block_args=(None, True))
+                         loss="causal_lm", block_args=(None, True), positions="embeddings")

@@ -94,9 +94,10 @@ def sequence_parallel_plan(model: nn.Module) -> dict[str, object]:
 def pipeline_parts(model: nn.Module) -> PipelineParts | None:
     """Embedding, decoder layers, final norm and LM head (None for the bare body, which has no loss).
 
-    Each stage's layers compute their own rotary tables for positions ``0 .. s-1``.
+    Each stage's layers compute their own rotary tables for positions ``0 .. s-1``, unless the
+    pipeline hands them the tables of other positions (context parallel).
     """
     if not isinstance(model, LlamaForCausalLM):
         return None
     return PipelineParts(model.model.embed_tokens, model.model.layers, model.model.norm, model.lm_head,
-                         loss="causal_lm", block_args=(None, True))
+                         loss="causal_lm", block_args=(None, True), positions="rotary", rotary=model.model.rotary)
