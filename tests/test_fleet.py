@@ -69,6 +69,7 @@ CASES = {
     "dp2xpp2": (4, ["--dp", "2", "--pp", "2", "--accumulate", "2"]),
     "mp2xpp2-sequence-parallel": (4, ["--mp", "2", "--pp", "2", "--accumulate", "2", "--sp"]),
     "cp2": (2, ["--cp", "2"]),
+    "cp4": (4, ["--cp", "4"]),
     "cp2xpp2": (4, ["--cp", "2", "--pp", "2", "--accumulate", "2"]),
     "sharding2xcp2-stage3": (4, ["--sharding", "2", "--cp", "2", "--stage", "3"]),
 }
@@ -78,9 +79,9 @@ CASES = {
 # every layout the issue names. The Llama family (GQA with KV heads split over mp, q / k / v bias,
 # per-head q / k norm, tied head) runs each kind of split once.
 GPT_ONLY = {"dp2-accumulate2", "dp2xsharding2-stage3", "dp2xmp2-sequence-parallel", "dp2xpp2", "cp2xpp2",
-            "sharding2xcp2-stage3"}
+            "sharding2xcp2-stage3", "cp4"}
 LLAMA = {"mp2", "mp2-sequence-parallel", "sharding2-stage3", "pp2-1F1B", "mp2xpp2", "dp2xmp2",
-         "mp2xpp2-sequence-parallel", "cp2", "cp2xpp2"}
+         "mp2xpp2-sequence-parallel", "cp2", "cp2xpp2", "cp4"}
 FAMILY_CASES = ([(case, family) for case in sorted(CASES) for family in ("gpt", "ernie")
                  if family == "gpt" or case not in GPT_ONLY] + [(case, "llama") for case in sorted(LLAMA)])
 
@@ -243,12 +244,13 @@ def test_zero3_carried_through_pipelines_on_8_ranks(reference, tmp_path):
 
 @pytest.mark.timeout(420)
 def test_context_parallel_with_sequence_parallel_inside_pipelines_on_8_ranks(reference, tmp_path):
-    """cp2 x mp2 x pp2 with sequence parallel: each rank holds a quarter of every sequence between
-    the stages (a [4, 16 / 2 / 2, 32] tensor crosses each boundary), attention gathers the
-    other context-parallel rank's keys and values, and the losses equal one process."""
+    """cp2 x mp2 x pp2 with sequence parallel and full recompute: each rank holds a quarter of every
+    sequence between the stages (a [4, 16 / 2 / 2, 32] tensor crosses each boundary), attention
+    gathers the other context-parallel rank's keys and values (again when backward recomputes a
+    block), and the losses equal one process."""
     out = tmp_path / "losses.json"
     run = _torchrun(8, out, "--family", "llama", "--cp", "2", "--mp", "2", "--pp", "2", "--sp", "--accumulate", "2",
-                    "--diagnostics", timeout=400)
+                    "--recompute", "full", "--diagnostics", timeout=400)
     assert run.returncode == 0, run.stderr[-3000:]
     _assert_close(_losses(out), reference["llama"])
     ranks = _diagnostics(out)
@@ -323,3 +325,14 @@ def test_amp_levels_hold_and_send_what_they_say(tmp_path):
     assert no_weight["param_dtypes"] == no_weight["state_dtypes"] == ["torch.bfloat16"]
     assert no_weight["param_bytes"] == 2 * no_weight["param_count"]
     assert no_weight["state_bytes"] == 4 * no_weight["param_count"]
+
+
+@pytest.mark.timeout(120)
+def test_vocab_parallel_embedding_keeps_only_its_rows_gradient():
+    """torch's RowwiseParallel on an embedding leaves a whole-vocabulary gradient on every rank; sampan's
+    VocabParallelEmbedding equals one nn.Embedding (padding row included) with each rank's gradient
+    holding its own rows only, with a replicated and a sequence-sharded output."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(Path(__file__).parent / "scripts" / "vocab_parallel.py")]
+    run = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=100)
+    assert run.returncode == 0, run.stderr[-3000:]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -84,7 +85,8 @@ def test_activation_bytes_match_a_fresh_measurement(mode):
 
 def _saved_bytes(model, ids, amp: bool) -> int:
     """Bytes of the non-parameter storages a forward saves for backward (autocast's bf16 weight
-    copies left out: the planner counts them as buffers)."""
+    copies left out: the planner counts them as buffers). A model cast to bf16 stands for AMP level
+    O2, where FSDP2 hands the forward bf16 parameters."""
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     weight_shapes = {tuple(p.shape) for p in model.parameters()} | {tuple(p.shape)[::-1] for p in model.parameters()}
     saved: dict[int, int] = {}
@@ -101,22 +103,26 @@ def _saved_bytes(model, ids, amp: bool) -> int:
     return sum(saved.values())
 
 
-@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("precision", ["fp32", "O1", "O2"])
 @pytest.mark.parametrize("mode", ["none", "full"])
-@pytest.mark.parametrize("name", ["llama-tiny", "qwen3-tiny"])
-def test_llama_activation_bytes_match_a_fresh_measurement(name, mode, amp):
-    """GQA (k, v of 2 heads, q of 4), SwiGLU, RMSNorm and (Qwen3) q/k norms, as sampan's eager model
-    keeps them, in fp32 and under CPU bf16 autocast (whose per-projection casts the formula counts)."""
+@pytest.mark.parametrize("name", ["llama-tiny", "qwen3-tiny", "gpt-tiny"])
+def test_activation_bytes_match_a_fresh_measurement_per_precision(name, mode, precision):
+    """GQA (k, v of 2 heads, q of 4), SwiGLU, RMSNorm and (Qwen3) q/k norms, and GPT's LayerNorm
+    blocks, as sampan's eager models keep them: in fp32, under CPU bf16 autocast (O1, whose
+    per-projection casts of a norm's output the formula counts) and with bf16 parameters (O2)."""
     from sampan.models import create
     from sampan.nn.recompute import apply_recompute
 
     torch.manual_seed(0)
     b, s = 3, 40  # 120 tokens: no activation has a weight's shape
     model = create(name)
+    if precision == "O2":
+        model = model.to(torch.bfloat16)
     apply_recompute(model, mode)
-    measured = _saved_bytes(model, torch.randint(0, model.config.vocab_size, (b, s)), amp)
+    measured = _saved_bytes(model, torch.randint(0, model.config.vocab_size, (b, s)), precision == "O1")
     shape = load_model(name)
-    layout, work = Layout(micro_batch=b, recompute=mode), Workload(s, b, "bf16" if amp else None)
+    layout = Layout(micro_batch=b, recompute=mode, amp_level="O2" if precision == "O2" else "O1")
+    work = Workload(s, b, None if precision == "fp32" else "bf16")
     predicted = shape.layers * layer_activation_bytes(shape, layout, work, mode) + head_activation_bytes(shape, layout,
                                                                                                          work)
     assert predicted == pytest.approx(measured, rel=0.03)
@@ -252,7 +258,7 @@ def test_tensor_parallel_across_nodes_is_slower():
 @pytest.mark.parametrize("name", ["gpt-1.3b", "qwen2.5-7b"])
 def test_every_searched_layout_is_one_sampan_accepts(name):
     model, gpus, work, hw = load_model(name), 32, Workload(1024, 64), get_hardware("h100-80g")
-    seen, mps = 0, set()
+    seen, mps, both = 0, set(), False
     for layout in layouts(model, gpus, work, hw):
         seen += 1
         mps.add(layout.mp)
@@ -262,9 +268,10 @@ def test_every_searched_layout_is_one_sampan_accepts(name):
         degrees = strategy.resolve_degrees(gpus)
         strategy.validate_for_model(model.heads, model.layers, model.padded_vocab(layout.mp), degrees,
                                     num_kv_heads=model.kv_heads)
-        assert not (layout.sp and layout.pp > 1)
         assert DistributedStrategy.from_dict(strategy.to_dict()) == strategy
+        both = both or (layout.sp and layout.pp > 1)
     assert seen > 100
+    assert both  # sequence parallel inside pipelines is searched (fleet runs it)
     # qwen2.5-7b: 28 heads but 4 KV heads, so mp 8 (which the GPUs and a node allow) is never tried
     assert mps == ({1, 2, 4, 8} if name == "gpt-1.3b" else {1, 2, 4})
 
@@ -276,7 +283,11 @@ def test_search_ranks_fitting_layouts_fastest_first():
     times = [p.time.total for p in result.plans]
     assert times == sorted(times)
     assert all(p.fits and p.memory.total <= hw.memory_bytes for p in result.plans)
-    assert all(0 < p.mfu < hw.efficiency(model.hidden) + 1e-9 for p in result.plans)
+    # MFU counts the attention as 12 L h s per token, the time its causal half: the bound is the
+    # efficiency times that ratio.
+    full = model.flops_per_token(work.seq_len)
+    bound = hw.efficiency(model.hidden) * full / (full - 6 * model.layers * model.q_width * work.seq_len)
+    assert all(0 < p.mfu < bound + 1e-9 for p in result.plans)
 
 
 def test_search_for_175b_on_1024_gpus_is_fast():
@@ -454,3 +465,49 @@ def test_write_strategy_of_a_llama_model_trains_that_model(tmp_path, capsys, sou
     assert built.family == "llama" and built.num_parameters == dataclasses.replace(planned, name="run").num_parameters
     expected = dataclasses.replace(planned, name="run", max_positions=max(4096, planned.max_positions))
     assert dataclasses.replace(built, max_positions=expected.max_positions) == expected
+
+
+def test_stage_layers_follow_fleets_split():
+    """The planner's layers per pipeline rank are the ones fleet gives it (uneven splits included)."""
+    from sampan.distributed.pipeline import layer_ranges
+    from sampan.planner.memory import stage_layers
+
+    for layers in (7, 33, 96, 126):
+        model = dataclasses.replace(load_model("llama3-405b"), layers=layers)
+        for pp in (1, 2, 3, 4, 16):
+            for vpp in (1, 2, 3):
+                if pp * vpp > layers or (vpp > 1 and pp == 1):
+                    continue
+                ranges = layer_ranges(layers, pp * vpp)
+                layout = Layout(pp=pp, vpp=vpp, schedule="Interleaved1F1B" if vpp > 1 else "1F1B")
+                for stage in range(pp):
+                    want = sum(end - start for start, end in ranges[stage::pp])
+                    assert stage_layers(model, layout, stage) == want, (layers, pp, vpp, stage)
+
+
+def test_in_flight_states_follow_torchs_interleaved_schedule():
+    """Micro-batches in flight per chunk after each forward, against the op list torch's
+    ScheduleInterleaved1F1B builds for every rank (warm-up, 1F1B, cool-down; depth first)."""
+    from types import SimpleNamespace
+
+    from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B, _ComputationType
+
+    from sampan.planner.memory import in_flight_states
+
+    for p in (2, 4, 8, 16):
+        for v in (2, 3):
+            for m in sorted({p, 2 * p, 4 * p}):
+                rounds = max(1, m // p)
+                fake = SimpleNamespace(n_local_stages=v, pp_group_size=p, microbatches_per_round=m // rounds,
+                                       _n_microbatches=m)
+                for rank in range(p):
+                    counts, states = [0] * v, set()
+                    for action in ScheduleInterleaved1F1B._calculate_single_rank_operations(fake, rank):
+                        if action is None:
+                            continue
+                        if action.computation_type == _ComputationType.FORWARD:
+                            counts[action.stage_index // p] += 1
+                            states.add(tuple(counts))
+                        else:
+                            counts[action.stage_index // p] -= 1
+                    assert set(in_flight_states(p, v, m, rank, "Interleaved1F1B")) == states, (p, v, m, rank)

@@ -54,7 +54,8 @@ def test_the_help_imports_no_torch():
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--fix", "mp=3"], "mp_degree 3 does not divide the model's 4 attention heads"),
-    (["--fix", "mp=2,pp=2,sp=true"], "sequence parallel with pipeline stages"),
+    (["--fix", "cp=2", "--seq-len", "66"], "use a length that is a multiple of 4"),
+    (["--fix", "amp=O2", "--fp32"], "amp level O2 needs bf16"),
     (["--strategy", '{"hybrid_configs": {"dp_degree": 3}}'], "their product must equal the number of ranks"),
     ([], "--fix"),
 ])
@@ -86,34 +87,48 @@ def test_a_small_simulation_reports_state_exactly_as_planned():
     assert any("answered with 1" in note for note in row["notes"])
 
 
+# Three 8-rank layouts: the plain hybrid one, and two with the memory features of docs/scale.md
+# (sequence parallel inside a pipeline with ZeRO-3 and bf16 parameters; context parallel with them).
+REAL_LAYOUTS = {
+    "gpt dp2 x mp2 x pp2": ("gpt-tiny", {"hybrid_configs": {"dp_degree": 2, "mp_degree": 2, "pp_degree": 2},
+                                         "pipeline_configs": {"accumulate_steps": 2}}),
+    "llama sharding2 x mp2+sp x pp2, ZeRO-3, O2": (
+        "llama-tiny", {"hybrid_configs": {"sharding_degree": 2, "mp_degree": 2, "pp_degree": 2},
+                       "sharding_configs": {"stage": 3}, "pipeline_configs": {"accumulate_steps": 2},
+                       "tensor_parallel_configs": {"sequence_parallel": True}, "amp": "bf16",
+                       "amp_configs": {"level": "O2"}}),
+    "llama sharding2 x cp2 x mp2, O2": (
+        "llama-tiny", {"hybrid_configs": {"sharding_degree": 2, "cp_degree": 2, "mp_degree": 2},
+                       "pipeline_configs": {"accumulate_steps": 2}, "amp": "bf16", "amp_configs": {"level": "O2"}}),
+}
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(400)
-def test_simulated_state_bytes_equal_a_real_8_rank_run(tmp_path):
-    """dp2 x mp2 x pp2 (1F1B, 2 micro-batches) on 8 gloo ranks against the simulation.
+@pytest.mark.parametrize("layout", sorted(REAL_LAYOUTS))
+def test_simulated_state_bytes_equal_a_real_8_rank_run(layout, tmp_path):
+    """One real AdamW step on 8 gloo ranks against the simulation of the same layout.
 
-    Two ranks are simulated (rank 0: stage 0, dp 0, mp 0; rank 7: stage 1, dp 1, mp 1); every real
-    rank is held to the simulated rank of its stage, since the ranks of one stage hold equal shares."""
+    The first and the last rank are simulated; every real rank is held to the simulated rank of its
+    pipeline stage, since the ranks of one stage hold equal shares."""
     from sampan.distributed.simulate import simulate
     from sampan.distributed.strategy import DistributedStrategy
 
-    strategy = {"hybrid_configs": {"dp_degree": 2, "mp_degree": 2, "pp_degree": 2},
-                "pipeline_configs": {"accumulate_steps": 2}}
+    model, strategy = REAL_LAYOUTS[layout]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=8", str(SCRIPT),
-           str(tmp_path), "gpt-tiny", json.dumps(strategy), "8", "64"]
+           str(tmp_path), model, json.dumps(strategy), "8", "64"]
     run = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     real = {r: json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(8)}
-    simulated = simulate("gpt-tiny", DistributedStrategy.from_dict(strategy), 8, 8, 64, ranks=[0, 7], amp=False)
-    assert [s["coords"] for s in simulated] == [{"pp": 0, "dp": 0, "sharding": 0, "mp": 0},
-                                                {"pp": 1, "dp": 1, "sharding": 0, "mp": 1}]
-    for sim in simulated:
-        for key in ("params", "grads", "optimizer"):
-            assert sim[key] == pytest.approx(real[sim["rank"]][key], rel=0.02), (sim["rank"], key)
-    by_stage = {s["coords"]["pp"]: s for s in simulated}
+    parsed = DistributedStrategy.from_dict(strategy)
+    simulated = simulate(model, parsed, 8, 8, 64, ranks=[0, 7], amp=parsed.amp is not None)
+    pp = parsed.hybrid_configs.pp_degree
+    assert set(simulated[0]["coords"].values()) == {0} and simulated[1]["coords"]["pp"] == pp - 1
+    by_stage = {sim["coords"]["pp"]: sim for sim in simulated}
     for rank, held in real.items():
-        sim = by_stage[rank // 4]  # pp is the outermost mesh axis: ranks 0-3 are stage 0
+        sim = by_stage[rank // (8 // pp)]  # pp is the outermost mesh axis
         for key in ("params", "grads", "optimizer"):
             assert sim[key] == pytest.approx(held[key], rel=0.02), (rank, key)
-    # the stages hold different amounts (the embedding table vs the final norm and the tied head's copy)
-    assert by_stage[0]["params"] != by_stage[1]["params"]
+    if parsed.hybrid_configs.pp_degree > 1:  # the stages hold different amounts (embedding vs norm and head)
+        assert simulated[0]["params"] != simulated[1]["params"]

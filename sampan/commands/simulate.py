@@ -29,11 +29,13 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--gpus", type=int, required=True, help="world size: the ranks of the layout (e.g. 1024)")
     what.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence (default: 2048)")
     what.add_argument("--global-batch", type=int, default=1536, help="sequences per optimizer step (default: 1536)")
-    what.add_argument("--fp32", action="store_true", help="simulate fp32 training instead of bf16 autocast")
+    what.add_argument("--fp32", action="store_true",
+                      help="simulate fp32 training instead of bf16 (autocast at amp=O1, bf16 parameters at amp=O2)")
     how = parser.add_argument_group("layout (one of the two)")
     how.add_argument("--fix", default=None, metavar=FIX_METAVAR,
                      help="the layout as `sampan plan --fix` spells it (missing dp takes the leftover ranks; also "
-                          "stage=, sp=, num_micro=; the micro-batch count follows from the global batch)")
+                          "stage=, sp=, cp=, amp=O1|O2, master_weights=, master_grads=, num_micro=; the micro-batch "
+                          "count follows from the global batch)")
     how.add_argument("--strategy", default=None, metavar="JSON_OR_FILE",
                      help="a Paddle-style DistributedStrategy dict, inline JSON or a .json / .toml file (a run file's "
                           "[strategy] table), e.g. '{\"hybrid_configs\": {\"dp_degree\": 8, \"mp_degree\": 8, "
@@ -113,10 +115,13 @@ def _layout_of(strategy, degrees: dict[str, int], global_batch: int, amp: bool):
     if global_batch % (data * pipe.accumulate_steps):
         raise ValueError(f"the global batch {global_batch} does not split into data ranks ({data}) x micro-batches "
                          f"(accumulate_steps {pipe.accumulate_steps})")
+    amp_configs = strategy.amp_configs
     return Layout(dp=degrees["dp"], mp=degrees["mp"], pp=degrees["pp"], sharding=degrees["sharding"],
                   stage=strategy.sharding_configs.stage, micro_batch=global_batch // (data * pipe.accumulate_steps),
                   num_micro=pipe.accumulate_steps, recompute=strategy.recompute, schedule=pipe.schedule_mode,
-                  vpp=pipe.virtual_pp_degree, sp=bool(strategy.tensor_parallel_configs.sequence_parallel))
+                  vpp=pipe.virtual_pp_degree, sp=bool(strategy.tensor_parallel_configs.sequence_parallel),
+                  cp=degrees["cp"], amp_level=amp_configs.level if amp else "O1",
+                  master_weights=amp_configs.use_master_weight, master_grads=amp_configs.use_master_grad)
 
 
 def _planned(shape, layout, work, stage: int) -> dict[str, float]:
@@ -156,9 +161,12 @@ def run(args: argparse.Namespace) -> int:
         strategy = DistributedStrategy.from_dict(_read_strategy(args.strategy))
         strategy.amp = "bf16" if amp else None
     degrees = strategy.resolve_degrees(args.gpus)
+    strategy.check_precision()
     layout = _layout_of(strategy, degrees, args.global_batch, amp)
-    if degrees["pp"] > 1 and degrees["mp"] > 1 and layout.sp:
-        raise ValueError("sequence parallel with pipeline stages is not supported by sampan yet")
+    if degrees["cp"] > 1:
+        from sampan.distributed.context_parallel import check_sequence
+
+        check_sequence(args.seq_len, degrees["cp"])
     overrides: dict[str, Any] = {}
     vocab = shape.padded_vocab(degrees["mp"])
     if vocab != config.vocab_size:  # as `sampan plan --write-strategy` pads it
@@ -194,7 +202,8 @@ def run(args: argparse.Namespace) -> int:
                      "num_micro_run": res["num_micro"], "seconds": res["seconds"],
                      "simulated_bytes": sim, "planned_bytes": plan,
                      "ratio": {k: _ratio(sim[k], plan[k]) for k in sim},
-                     "peak_bytes": res["peak"], "collectives": res["collectives"], "notes": res["notes"]})
+                     "peak_bytes": res["peak"], "peak_breakdown": res["peak_breakdown"],
+                     "collectives": res["collectives"], "notes": res["notes"]})
     worst = max(rows, key=lambda r: r["simulated_bytes"]["total"])
     need = worst["simulated_bytes"]["total"] + worst["planned_bytes"]["reserved"]
     report = {"model": args.model, "parameters": config.num_parameters(), "gpus": args.gpus,
@@ -231,7 +240,7 @@ def _print(report: dict[str, Any]) -> None:
     unit, name = (1e6, "MB") if small else (GB, "GB")
     for row in report["ranks"]:
         c = row["coords"]
-        print(f"\nrank {row['rank']} (pp {c['pp']}, dp {c['dp']}, sharding {c['sharding']}, mp {c['mp']}; "
+        print(f"\nrank {row['rank']} (pp {c['pp']}, dp {c['dp']}, sharding {c['sharding']}, cp {c['cp']}, mp {c['mp']}; "
               f"stages {row['stages']}): {row['num_micro_run']} micro-batches run, {row['seconds']:.0f} s")
         print(f"  {'component':<24} {'simulated ' + name:>13} {'planned ' + name:>11} {'sim/plan':>9}")
         for key, label in COMPONENTS:
@@ -241,6 +250,12 @@ def _print(report: dict[str, Any]) -> None:
         plan = row["planned_bytes"]
         print(f"  (planned activations {_gb(plan['activations'], unit)} + buffers {_gb(plan['buffers'], unit)} {name}; "
               f"the planner's {_gb(plan['reserved'])} GB reserve is not simulated)")
+        if row["peak_breakdown"]:
+            print(f"  largest at the peak (op, dtype, shape: count x, {name}):")
+            for group in row["peak_breakdown"][:6]:
+                shape = "x".join(map(str, group["shape"])) or "scalar"
+                print(f"    {group['op']:<28} {group['dtype']:<9} {shape:<22} {group['count']:>5} x  "
+                      f"{_gb(group['bytes'], unit):>9}")
         comm = row["collectives"]
         if comm:
             parts = [f"{kind} {v['calls']} x, {_gb(v['payload_bytes'], unit)} {name} payload, "

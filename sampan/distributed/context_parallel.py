@@ -2,30 +2,35 @@
 
 Every token-wise part of a transformer (embeddings, norms, projections, MLP, the loss) works on a
 rank's own tokens unchanged; only attention needs the other tokens. Here each rank gathers the
-keys and values of the whole sequence from its ``cp`` group and attends its own queries to them,
-under a causal mask built from the true token positions. This is the variant Llama 3 405B was
+keys and values of the other ranks from its ``cp`` group and attends its own queries to the ones
+the causal mask lets them see, by their true positions. This is the variant Llama 3 405B was
 trained with for long contexts (all-gather of K / V rather than a ring; Dubey et al. 2024,
 section 3.3.2): its cost is one gather of K and V per layer, which grouped-query attention keeps
 small, and it is exact, since every query sees exactly the keys it would see in one process.
 
-Load balance: the sequence is cut into ``2 cp`` equal chunks and rank ``r`` holds chunks ``r``
-and ``2 cp - 1 - r`` (an early and a late one), so under the causal mask every rank does the
-same amount of attention work.
+Load balance: the sequence is cut into ``2 cp`` equal chunks of ``c`` tokens and rank ``r`` holds
+chunks ``r`` and ``2 cp - 1 - r`` (an early and a late one). The early halves are gathered apart
+from the late ones, so the early chunk attends to the ``(r + 1) c`` keys before it and the late chunk
+to the ``(2 cp - r) c`` keys before it: every rank does ``(2 cp + 1) c^2`` of the ``(2 cp c)^2`` query-key
+pairs per head, about the half a causal kernel computes in one process, and the same amount on
+every rank.
 
 Why not ``torch.distributed.tensor.experimental.context_parallel``: in torch 2.13 it rewrites only
 the CUDA attention kernels (flash, memory-efficient, cuDNN); on CPU attention runs
 ``aten._scaled_dot_product_flash_attention_for_cpu``, which it does not handle ("does not have a
 sharding strategy registered", measured on gloo), and it shards the buffers it is given in place,
 which fails for tensors that require grad. The model code stays untouched either way: attention is
-intercepted at ``F.scaled_dot_product_attention`` while :class:`ContextParallelAttention` is active.
+swapped at ``F.scaled_dot_product_attention`` while :class:`ContextParallelAttention` is active, so a
+model must call it through ``torch.nn.functional`` (sampan's all do).
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch.distributed._functional_collectives import all_gather_tensor_autograd
-from torch.overrides import TorchFunctionMode
 
 
 def check_sequence(seq_len: int, cp: int) -> None:
@@ -46,30 +51,50 @@ def rank_positions(seq_len: int, cp: int, rank: int) -> torch.Tensor:
                       torch.arange(late * chunk, (late + 1) * chunk)])
 
 
-def causal_mask(seq_len: int, cp: int, rank: int) -> torch.Tensor:
-    """``[s / cp, s]``: which of the gathered keys (in rank order) each of this rank's queries sees."""
-    keys = torch.cat([rank_positions(seq_len, cp, r) for r in range(cp)])
-    return keys[None, :] <= rank_positions(seq_len, cp, rank)[:, None]
+def _lower_right_mask(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """``[len(queries), len(keys)]``: which keys (by position) each query (by position) sees."""
+    return keys[None, :] <= queries[:, None]
 
 
-class ContextParallelAttention(TorchFunctionMode):
-    """While active, ``F.scaled_dot_product_attention`` gathers keys and values over ``group``.
+class ContextParallelAttention:
+    """While active (a context manager), ``F.scaled_dot_product_attention`` gathers keys and values over ``group``.
 
     Enter it around forward *and* backward: recompute replays attention during backward. The
-    gather's backward reduce-scatters the key / value gradients back to their ranks.
+    function is swapped on ``torch.nn.functional`` itself, not intercepted by a torch-function mode,
+    because activation checkpointing replays the forward outside such modes (measured: the
+    replayed attention skipped the mode, so recompute saved fewer tensors than the forward and
+    failed). The gathers' backward reduce-scatters the key / value gradients back to their ranks.
     """
 
     def __init__(self, group, seq_len: int, cp: int, rank: int):
-        super().__init__()
-        self.group = group
-        self.local_len = seq_len // cp
-        self.mask = causal_mask(seq_len, cp, rank)
+        check_sequence(seq_len, cp)
+        self.group, self.cp, self.rank = group, cp, rank
+        self.chunk = c = seq_len // (2 * cp)
+        self.local_len = 2 * c
+        # The early halves gather in position order (chunks 0 .. cp-1); the late halves in rank
+        # order, which is reversed position order (chunks 2cp-1 .. cp). The early chunk needs the
+        # first r + 1 early chunks; the late chunk all early chunks and late ranks r .. cp-1.
+        early = torch.arange(seq_len)[: cp * c]
+        late = torch.cat([torch.arange((2 * cp - 1 - q) * c, (2 * cp - q) * c) for q in range(rank, cp)])
+        mine = rank_positions(seq_len, cp, rank)
+        self.early_keys = (rank + 1) * c
+        self.early_mask = _lower_right_mask(mine[:c], early[: self.early_keys])
+        self.late_mask = _lower_right_mask(mine[c:], torch.cat([early, late]))
+        self._original = None
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention:
-            return self._attention(*args, **kwargs)
-        return func(*args, **kwargs)
+    def __enter__(self) -> ContextParallelAttention:
+        if self._original is not None:
+            raise RuntimeError("ContextParallelAttention is already active")
+        self._original = F.scaled_dot_product_attention
+        F.scaled_dot_product_attention = self._attention
+        return self
+
+    def __exit__(self, *exc) -> None:
+        F.scaled_dot_product_attention = self._original
+        self._original = None
+
+    def _gather(self, t: torch.Tensor) -> torch.Tensor:
+        return all_gather_tensor_autograd(t.contiguous(), gather_dim=t.dim() - 2, group=self.group)
 
     def _attention(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                    enable_gqa=False):
@@ -80,11 +105,21 @@ class ContextParallelAttention(TorchFunctionMode):
             raise ValueError(f"context parallel expects this rank's {self.local_len} tokens in attention, got "
                              f"{query.shape[-2]} queries and {key.shape[-2]} keys (a KV cache or generation "
                              "does not run under context parallel)")
-        key = all_gather_tensor_autograd(key.contiguous(), gather_dim=-2, group=self.group)
-        value = all_gather_tensor_autograd(value.contiguous(), gather_dim=-2, group=self.group)
-        mask = self.mask.to(query.device) if is_causal else None
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p, scale=scale,
-                                              enable_gqa=enable_gqa)
+        c, dim = self.chunk, key.dim() - 2
+        early_k, late_k = self._gather(key.narrow(dim, 0, c)), self._gather(key.narrow(dim, c, c))
+        early_v, late_v = self._gather(value.narrow(dim, 0, c)), self._gather(value.narrow(dim, c, c))
+        attend = functools.partial(self._original, dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa)
+        if not is_causal:  # every query sees every key
+            keys, values = torch.cat([early_k, late_k], dim=dim), torch.cat([early_v, late_v], dim=dim)
+            return attend(query, keys, values)
+        device = query.device
+        first = attend(query.narrow(dim, 0, c), early_k.narrow(dim, 0, self.early_keys),
+                       early_v.narrow(dim, 0, self.early_keys), attn_mask=self.early_mask.to(device))
+        start = self.rank * c
+        keys = torch.cat([early_k, late_k.narrow(dim, start, late_k.shape[dim] - start)], dim=dim)
+        values = torch.cat([early_v, late_v.narrow(dim, start, late_v.shape[dim] - start)], dim=dim)
+        second = attend(query.narrow(dim, c, c), keys, values, attn_mask=self.late_mask.to(device))
+        return torch.cat([first, second], dim=dim)
 
 
 def next_token_targets(labels: torch.Tensor) -> torch.Tensor:

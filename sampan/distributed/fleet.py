@@ -304,8 +304,7 @@ class Fleet:
                     parallelize_module(module, hcg.mesh["mp"],
                                        stage_sequence_parallel_plan(sp_plan, held, module.lm_head is not None))
                 else:
-                    apply_tensor_parallel(module, hcg.mesh["mp"], plan, require_match=False, sharded_logits=False,
-                                          match_names=as_model)
+                    apply_tensor_parallel(module, hcg.mesh["mp"], plan, require_match=False, match_names=as_model)
             apply_recompute(module, strategy.recompute)
             if compile and recompute_targets(module):  # the embedding / head stages have no blocks
                 apply_compile(module, compile)
@@ -321,8 +320,11 @@ class Fleet:
                         param_map[pid]._sampan_pipeline_duplicate = True
         device = env.local_device()
         zero3 = hcg.grad_world_size > 1 and strategy.sharding_configs.stage == 3
+        # The head's logits stay split by vocabulary (a DTensor) for the parallel cross-entropy, as
+        # without a pipeline: gathered, the last stage would hold mp times the logits.
+        loss_parallel = degrees["mp"] > 1 and (sp_plan is not None or (plan is not None and uses_loss_parallel(model, plan)))
         runner = PipelineRunner(stages, num_stages, hcg.get_pipe_parallel_group(), pipe.schedule_mode,
-                                pipe.accumulate_steps, parts.loss, device, zero3=zero3)
+                                pipe.accumulate_steps, parts.loss, device, zero3=zero3, loss_parallel=loss_parallel)
         sync = TiedWeightSync(hcg.mesh, tied_params) if tied else None
         self._set_param_map({pid: (old[pid][0], q) for pid, q in param_map.items()})
         return DistributedModel(model, hcg, strategy, loss_parallel=False, pipeline=runner, tied_sync=sync,

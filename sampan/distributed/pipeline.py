@@ -23,6 +23,7 @@ from torch.distributed.pipelining import (
 from torch.distributed.pipelining._backward import stage_backward
 from torch.distributed.tensor import DTensor
 
+from sampan.distributed.tensor_parallel import loss_context
 from sampan.models.pipeline_parts import PipelineParts
 
 
@@ -103,20 +104,40 @@ def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor, kind: str) -> tor
                            ignore_index=-100, reduction="sum")
 
 
-class ZeRO3Stage(PipelineStage):
-    """A pipeline stage that keeps ZeRO-3's memory promise across micro-batches.
+class Stage(PipelineStage):
+    """torch's ``PipelineStage``, with two memory leaks of a step closed.
 
-    torch's ``PipelineStage`` runs every micro-batch's backward with FSDP's gradient sync off and
-    the parameters left gathered, and reduces once after the last: right for ZeRO-1/2, but under
-    ZeRO-3 it holds every block's unsharded parameters and fp32 gradients for the rest of the step,
-    which is the memory stage 3 exists to save. Here each micro-batch's backward reduce-scatters
-    its gradients (FSDP2 adds them to the sharded ones) and reshards the parameters, as
-    ``DistributedModel`` does without a pipeline. torch's final reduction then finds nothing left
-    to reduce. Only full backwards occur (sampan's schedules are GPipe, 1F1B and Interleaved1F1B).
+    * **Sent input gradients.** A stage's received activations are leaf tensors, so backward
+      accumulates their gradient into the receive buffer's ``.grad``; that gradient is what the
+      stage sends back, and torch clears it only when the next step starts, so every non-first
+      stage holds one activation-sized gradient per micro-batch of the step (19 GB on GPT-3 175B's
+      last stage at t8 x p16 and 192 micro-batches, found by ``sampan simulate``). Here the
+      reference is dropped as soon as the send is posted; the send op keeps the tensor alive until
+      it completes.
+    * **ZeRO-3 across micro-batches** (``zero3=True``). torch runs every micro-batch's backward with
+      FSDP's gradient sync off and the parameters left gathered, and reduces once after the last:
+      right for ZeRO-1/2, but under ZeRO-3 it holds every block's unsharded parameters and
+      gradients for the rest of the step, which is the memory stage 3 exists to save. Here each
+      micro-batch's backward reduce-scatters its gradients (FSDP2 adds them to the sharded ones)
+      and reshards the parameters, as ``DistributedModel`` does without a pipeline; torch's final
+      reduction then finds nothing left. Only full backwards occur (sampan's schedules are GPipe,
+      1F1B and Interleaved1F1B).
     """
 
+    def __init__(self, *args, zero3: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.zero3 = zero3
+
+    def get_bwd_send_ops(self, bwd_chunk_id: int):
+        ops = super().get_bwd_send_ops(bwd_chunk_id)
+        for info in self.args_recv_info.get(bwd_chunk_id, ()):
+            buffer = getattr(info, "buffer", None)
+            if isinstance(buffer, torch.Tensor):
+                buffer.grad = None
+        return ops
+
     def backward_maybe_with_nosync(self, backward_type, bwd_kwargs: dict, last_backward: bool = False):
-        if backward_type != "full" or not isinstance(self.submod, FSDPModule):
+        if not self.zero3 or backward_type != "full" or not isinstance(self.submod, FSDPModule):
             return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
         self.submod.set_is_last_backward(True)  # wait for this micro-batch's reduce-scatter before the next
         self.submod.set_reshard_after_backward(True)
@@ -132,11 +153,13 @@ class PipelineRunner:
     """Holds this rank's stages and schedule; ``run`` does one forward/backward over all micro-batches.
 
     ``zero3``: the stages are sharded at ZeRO stage 3, so gradients are reduced per micro-batch
-    (:class:`ZeRO3Stage`).
+    (:class:`Stage`). ``loss_parallel``: the head's logits are split by vocabulary (a DTensor),
+    so the schedule runs under ``loss_parallel()`` (forward and backward).
     """
 
     def __init__(self, stages: list[tuple[int, StageModule]], num_stages: int, pp_group, schedule_mode: str,
-                 n_microbatches: int, loss_kind: str, device: torch.device, zero3: bool = False):
+                 n_microbatches: int, loss_kind: str, device: torch.device, zero3: bool = False,
+                 loss_parallel: bool = False):
         self.modules = [module for _, module in stages]
         self.num_stages = num_stages
         self.pp_group = pp_group
@@ -145,8 +168,8 @@ class PipelineRunner:
         self.has_last = any(i == num_stages - 1 for i, _ in stages)
         self._scale = 1.0
         self._loss_kind = loss_kind
-        stage_class = ZeRO3Stage if zero3 else PipelineStage
-        self.stages = [stage_class(module, i, num_stages, device, group=pp_group) for i, module in stages]
+        self.loss_parallel = loss_parallel
+        self.stages = [Stage(module, i, num_stages, device, group=pp_group, zero3=zero3) for i, module in stages]
         cls = SCHEDULES[schedule_mode]
         stage_arg = self.stages if cls is ScheduleInterleaved1F1B else self.stages[0]
         # The loss is scaled by hand (token weighting), so the schedule must not divide gradients.
@@ -170,13 +193,14 @@ class PipelineRunner:
         losses: list[torch.Tensor] = []
         args = (input_ids,) if self.has_first else ()
         kwargs = {"target": labels, "losses": losses} if self.has_last else {}
-        if train:
-            # return_outputs=False: nothing reads the merged outputs, and keeping them holds every
-            # micro-batch's logits on the last stage until the step ends (40 GB a rank for GPT-3
-            # 175B at t8 x p16, measured by `sampan simulate`; docs/scale.md).
-            self.schedule.step(*args, return_outputs=False, **kwargs)
-        else:
-            self.schedule.eval(*args, **kwargs)
+        with loss_context(self.loss_parallel):
+            if train:
+                # return_outputs=False: nothing reads the merged outputs, and keeping them holds every
+                # micro-batch's logits on the last stage until the step ends (40 GB a rank for GPT-3
+                # 175B at t8 x p16, measured by `sampan simulate`; docs/scale.md).
+                self.schedule.step(*args, return_outputs=False, **kwargs)
+            else:
+                self.schedule.eval(*args, **kwargs)
         total = torch.zeros((), dtype=torch.float64)
         for loss in losses:
             loss = loss.detach()

@@ -29,15 +29,13 @@ What the fake backend cannot do, and what is done instead (each said in the repo
   fake input of the boundary shape ``(micro_batch, seq, hidden)``. The schedule's send / recv then
   run through the fake group (they return at once, the receive buffers hold no data), so the
   real 1F1B / GPipe / interleaved order, and its micro-batches in flight, is what is measured.
-* **Fewer micro-batches.** A schedule's activation peak is reached after its warm-up, so by
-  default a pipeline's first stages run ``min(m, pp)`` micro-batches (1F1B; ``2 pp``
-  interleaved; GPipe all of them) and pure data / tensor parallelism 2 when it has several
-  (gradients then accumulate unsharded, as with any ``m > 1``). Two things grow with ``m`` anyway
-  and are handled exactly: ``torch.distributed.pipelining`` allocates a receive buffer per
-  micro-batch up front (those of the micro-batches not run are added, sized as torch sizes them),
-  and the schedule keeps every micro-batch's output on the last stage until the step ends (so the
-  rank holding the last stage runs all ``m``). The collectives are those of the micro-batches run.
-  ``num_micro=`` runs them all everywhere.
+* **Fewer micro-batches.** A schedule's peak is reached once its warm-up is over and a forward
+  runs beside the gradients the first backward left, so by default a pipeline runs ``min(m, pp + 1)``
+  micro-batches (1F1B; ``2 pp`` interleaved; GPipe all of them) and pure data / tensor parallelism
+  2 when it has several (gradients then accumulate unsharded, as with any ``m > 1``). What grows
+  with ``m`` anyway is handled exactly: ``torch.distributed.pipelining`` allocates a receive buffer
+  per micro-batch up front (those of the micro-batches not run are added, sized as torch sizes
+  them). The collectives are those of the micro-batches run. ``num_micro=`` runs them all.
 
 Memory under ``FakeTensorMode`` is counted on a fake CPU device, with CPU autocast (bf16) standing
 in for CUDA autocast; there is no CUDA context, NCCL buffer or allocator fragmentation in it.
@@ -62,9 +60,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from sampan.distributed.comm_counter import CommCounter
+from sampan.distributed.context_parallel import rank_positions
 from sampan.distributed.strategy import DistributedStrategy
-
-AXES = ("pp", "dp", "sharding", "mp")
+from sampan.distributed.topology import AXES
 
 
 class _FakeFront(TorchDispatchMode):
@@ -103,48 +101,98 @@ class CountingFakeMode(FakeTensorMode):
         self.live = 0
         self.peak = 0
         self._bytes: dict[int, int] = {}
+        self._labels: dict[int, tuple[str, str, tuple[int, ...]]] = {}
+        self._snapshot_at = 0
+        self._paused = 0
+        self.at_peak: dict[tuple[str, str, tuple[int, ...]], list[int]] = {}
+        """What was alive at the peak (to within 0.5%), by the op that made it, dtype and shape:
+        ``[count, bytes]``; see :meth:`breakdown`."""
 
     def reset_peak(self) -> None:
         self.peak = self.live
+        self._snapshot_at = 0
 
     def _set(self, key: int, nbytes: int) -> None:
         self.live += nbytes - self._bytes.get(key, 0)
         self._bytes[key] = nbytes
         if self.live > self.peak:
             self.peak = self.live
+            # A snapshot costs a pass over the live storages, so take one only when the peak has
+            # grown by 0.5% since the last: the last one is within 0.5% of the peak.
+            if self.live > self._snapshot_at:
+                self._snapshot()
+                self._snapshot_at = self.live * 1.005
+
+    def _snapshot(self) -> None:
+        groups: dict[tuple[str, str, tuple[int, ...]], list[int]] = {}
+        for key, nbytes in self._bytes.items():
+            if nbytes:
+                entry = groups.setdefault(self._labels.get(key, ("?", "?", ())), [0, 0])
+                entry[0] += 1
+                entry[1] += nbytes
+        self.at_peak = groups
+
+    def breakdown(self, top: int = 12) -> list[dict[str, Any]]:
+        """The largest groups of storages alive at the peak: op, dtype, shape, count, bytes."""
+        rows = sorted(self.at_peak.items(), key=lambda kv: -kv[1][1])[:top]
+        return [{"op": op, "dtype": dtype, "shape": list(shape), "count": count, "bytes": nbytes}
+                for (op, dtype, shape), (count, nbytes) in rows]
 
     def _free(self, key: int) -> None:
         self.live -= self._bytes.pop(key, 0)
+        self._labels.pop(key, None)
 
     def dispatch(self, func, types, args=(), kwargs=None):
         out = super().dispatch(func, types, args, kwargs if kwargs is not None else {})
+        if self._paused:
+            return out
         for t in tree_leaves(out):
             if isinstance(t, FakeTensor):
                 storage = t.untyped_storage()
                 key = id(storage)
                 if key not in self._bytes:
+                    self._labels[key] = (str(func.overloadpacket.__name__), str(t.dtype).removeprefix("torch."),
+                                         tuple(t.shape))
                     self._set(key, storage.nbytes())
                     weakref.finalize(storage, self._free, key)
         return out
 
     @contextlib.contextmanager
     def counting(self) -> Iterator[CountingFakeMode]:
-        """This mode, with storage resizes followed."""
-        original = torch.UntypedStorage.resize_
+        """This mode, with storage resizes followed, and DTensor's shape inference left uncounted.
+
+        DTensor infers an op's output metadata by running it on fake tensors of the *global*
+        shapes, in the fake mode it finds active: here that is this one, whose count would then
+        include a whole-vocabulary logits gradient the rank never holds. On a GPU that inference
+        runs on fake tensors that allocate nothing, so it allocates nothing here either.
+        """
+        from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+        original_resize = torch.UntypedStorage.resize_
+        original_meta = ShardingPropagator._propagate_tensor_meta_non_cached
         mode = self
 
         def resize_(storage, size):
-            result = original(storage, size)
+            result = original_resize(storage, size)
             if id(storage) in mode._bytes:
                 mode._set(id(storage), storage.nbytes())
             return result
 
+        def propagate_tensor_meta(propagator, op_schema):
+            mode._paused += 1
+            try:
+                return original_meta(propagator, op_schema)
+            finally:
+                mode._paused -= 1
+
         torch.UntypedStorage.resize_ = resize_
+        ShardingPropagator._propagate_tensor_meta_non_cached = propagate_tensor_meta
         try:
             with self:
                 yield self
         finally:
-            torch.UntypedStorage.resize_ = original
+            torch.UntypedStorage.resize_ = original_resize
+            ShardingPropagator._propagate_tensor_meta_non_cached = original_meta
 
 
 def local_bytes(t: torch.Tensor | None) -> int:
@@ -175,6 +223,8 @@ class RankResult:
     num_micro: int
     seconds: float
     notes: list[str] = dataclasses.field(default_factory=list)
+    peak_breakdown: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """The largest groups of what was alive at forward-backward's peak (:meth:`CountingFakeMode.breakdown`)."""
 
     @property
     def peak_total(self) -> int:
@@ -201,17 +251,19 @@ def rank_of(degrees: dict[str, int], coords: dict[str, int]) -> int:
 
 
 def default_num_micro(strategy: DistributedStrategy, degrees: dict[str, int], pp_rank: int = 0) -> int:
-    """Micro-batches enough to reach the schedule's peak (see the module doc). The last stage runs
-    all of them: the schedule keeps every micro-batch's output (the logits) there to the step's end."""
+    """Micro-batches enough to reach the schedule's peak (see the module doc): its warm-up, then one
+    forward after the first backward, when the accumulated gradients exist beside the most activations
+    in flight (1F1B: ``pp + 1``; interleaved: ``2 pp``, whose warm-up is shorter than that; GPipe:
+    all, since every forward precedes every backward)."""
     pipe = strategy.pipeline_configs
     m = pipe.accumulate_steps
     if degrees["pp"] == 1:
         return min(m, 2)
-    if pipe.schedule_mode == "GPipe" or pp_rank == degrees["pp"] - 1:
+    if pipe.schedule_mode == "GPipe":
         return m
     if pipe.schedule_mode == "Interleaved1F1B":
         return min(m, 2 * degrees["pp"])
-    return min(m, degrees["pp"])
+    return min(m, degrees["pp"] + 1)
 
 
 @contextlib.contextmanager
@@ -228,15 +280,19 @@ def fake_world(rank: int, world_size: int) -> Iterator[None]:
         dist.destroy_process_group()
 
 
-def _boundary_meta(runner, micro_batch: int, seq_len: int, hidden: int, amp: bool) -> None:
-    """Give each ``PipelineStage`` its input / output shapes (static mode) instead of receiving them."""
+def _boundary_meta(runner, micro_batch: int, seq_len: int, boundary: tuple[int, int, torch.dtype], amp: bool) -> None:
+    """Give each ``PipelineStage`` its input / output shapes (static mode) instead of receiving them.
+
+    ``boundary``: the tokens and width of what crosses a stage boundary, and its dtype (this rank's
+    share of the sequence under context / sequence parallel; bf16 with bf16 parameters)."""
     from torch.distributed.pipelining._utils import extract_tensor_metas
 
+    tokens, hidden, dtype = boundary
     for stage, module in zip(runner.stages, runner.modules, strict=True):
         if stage.is_first:
             x = torch.zeros(micro_batch, seq_len, dtype=torch.long)
         else:
-            x = torch.zeros(micro_batch, seq_len, hidden)
+            x = torch.zeros(micro_batch, tokens, hidden, dtype=dtype)
         with torch.no_grad(), _autocast(amp):
             y = module(x)
         y = y.to_local() if isinstance(y, DTensor) else y
@@ -316,8 +372,18 @@ def simulate_rank(model_name: str | Any, strategy: DistributedStrategy, world_si
             optimizer = fleet.distributed_optimizer(optimizer)
             del model
             pipeline = dmodel._pipeline
+            pure_bf16 = strategy.pure_bf16
+            autocast = amp and not pure_bf16  # O2 computes in bf16 without autocast
+            local_seq = seq_len // degrees["cp"]
             if pipeline is not None:
-                _boundary_meta(pipeline, micro_batch, seq_len, config.hidden_size, amp)
+                sp = strategy.tensor_parallel_configs.sequence_parallel
+                tokens = local_seq // (degrees["mp"] if sp else 1)
+                positions = (rank_positions(seq_len, degrees["cp"], coords["cp"]) if degrees["cp"] > 1 else None)
+                for module in pipeline.modules:  # as the runner sets them for a step
+                    module.positions = positions
+                _boundary_meta(pipeline, micro_batch, local_seq, (tokens, config.hidden_size,
+                                                                  torch.bfloat16 if pure_bf16 else torch.float32),
+                               autocast)
                 stages = [s.stage_index for s in pipeline.stages]
                 modules = list(pipeline.modules)
             else:
@@ -333,10 +399,11 @@ def simulate_rank(model_name: str | Any, strategy: DistributedStrategy, world_si
             at_start = mode.live
             mode.reset_peak()
             with CommCounter() as comm:
-                with _autocast(amp):
+                with _autocast(autocast):
                     dmodel.forward_backward(batch)
                 grads = sum(local_bytes(p.grad) for g in inner.param_groups for p in g["params"])
                 peak_fb = mode.peak
+                breakdown = mode.breakdown()
                 mode.reset_peak()
                 optimizer.step()
                 optimizer.clear_grad(set_to_zero=False)
@@ -364,7 +431,7 @@ def simulate_rank(model_name: str | Any, strategy: DistributedStrategy, world_si
         notes.append(f"{front.scalar_reads} reads of a tensor's value (clipping's norm, token counts, the pipeline "
                      "vote) were answered with 1")
     return RankResult(rank, coords, stages, params, grads, optim, peak, collectives, run_micro,
-                      time.perf_counter() - start, notes)
+                      time.perf_counter() - start, notes, breakdown)
 
 
 def simulation_ranks(degrees: dict[str, int], which: str = "ends") -> list[int]:

@@ -30,6 +30,8 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from sampan.nn.vocab_parallel import VocabParallelEmbedding
+
 STYLES = ("colwise", "rowwise", "vocab", "shared_input", "head_norm")
 HEAD_DIM = 2  # [batch, seq, heads, head_dim]
 
@@ -44,7 +46,7 @@ def _style(kind: str, module: nn.Module, name: str, sharded_logits: bool = True)
     if isinstance(module, nn.Embedding):
         # Each rank holds a slice of the vocabulary; out-of-slice ids give zeros, and the partial
         # embeddings are summed (all-reduce) into a replicated output.
-        return RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+        return VocabParallelEmbedding(Replicate())
     if isinstance(module, nn.Linear):
         if not sharded_logits:
             # Pipeline stages pass plain tensors: gather the logits (no parallel cross-entropy).
@@ -130,18 +132,15 @@ def stage_sequence_parallel_plan(model_plan: Mapping[str, object], stage_to_mode
     residual stream travels as this rank's sequence shard ``[b, s / mp, h]``, so what a pipeline
     sends and keeps per micro-batch shrinks by ``mp`` too.
 
-    The last stage gathers the sequence before its head (``head_input``), and its vocabulary-parallel
-    logits are gathered as well: the pipeline's loss runs on plain tensors.
+    The last stage gathers the sequence before its head (``head_input``); the head's logits stay
+    split by vocabulary, as the family's plan says, for the parallel cross-entropy.
     """
     to_stage = {model: stage for stage, model in stage_to_model.items()}
     plan: dict[str, object] = {}
     for name, style in model_plan.items():
         stage_name = to_stage.get(name)
-        if stage_name is None or not stage_name:
-            continue
-        if (stage_name == "lm_head" or stage_name.startswith("lm_head.")) and isinstance(style, ColwiseParallel):
-            style = ColwiseParallel(output_layouts=Replicate())
-        plan[stage_name] = style
+        if stage_name:  # held by this stage, and not the stage itself
+            plan[stage_name] = style
     if is_last:
         plan["head_input"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
                                                 use_local_output=True)

@@ -33,6 +33,7 @@ from torch.distributed.tensor.parallel import (
 
 from sampan.nn.embeddings import TransformerEmbeddings
 from sampan.nn.transformer import TransformerBlock
+from sampan.nn.vocab_parallel import VocabParallelEmbedding
 
 BLOCK_PLAN = {
     "*layers.*.attn": "shared_input",
@@ -56,7 +57,7 @@ def block_sequence_parallel_plan(model: nn.Module) -> dict[str, object]:
     plan: dict[str, object] = {}
     for name, module in model.named_modules():
         if isinstance(module, TransformerEmbeddings):
-            plan[f"{name}.word_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+            plan[f"{name}.word_embeddings"] = VocabParallelEmbedding(Replicate())
             plan[name] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1))
         elif isinstance(module, TransformerBlock):
             for proj in ("q_proj", "k_proj", "v_proj"):

@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     if args.fix is not None:
         check_inputs(model, args.gpus, work, hw)
         layout = parse_fix(args.fix, args.gpus, work)
-        _check_fixed(model, layout)
+        _check_fixed(model, layout, work)
         plans = [evaluate(model, layout, work, hw)]
     else:
         result = search(model, args.gpus, work, hw, top=args.top)
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_fixed(model, layout) -> None:
+def _check_fixed(model, layout, work) -> None:
     """What sampan would refuse for a --fix layout, said before pricing it."""
     problems = []
     mp = mp_problem(model, layout.mp)
@@ -105,8 +105,11 @@ def _check_fixed(model, layout) -> None:
         problems.append(f"pp x vpp = {layout.pp * layout.vpp} exceeds the {model.layers} layers")
     if layout.pp > 1 and layout.num_micro < layout.pp:
         problems.append(f"{layout.num_micro} micro-batches are fewer than pp {layout.pp} stages")
-    if layout.sp and layout.pp > 1:
-        problems.append("sequence parallel with pipeline stages is not supported by sampan yet")
+    if layout.cp > 1 and work.seq_len % (2 * layout.cp):
+        problems.append(f"cp {layout.cp} cuts each sequence into {2 * layout.cp} equal chunks, but seq-len "
+                        f"{work.seq_len} is not a multiple of {2 * layout.cp}")
+    if layout.amp_level == "O2" and not work.amp:
+        problems.append("amp=O2 (bf16 parameters) needs bf16: drop --fp32")
     if problems:
         raise ValueError("--fix layout is not valid: " + "; ".join(problems))
 

@@ -25,8 +25,8 @@ import dataclasses
 
 # Fitted by benchmarks/planner.py (part "published": least squares in log throughput over its
 # calibration rows); tests/test_planner_efficiency.py checks these equal benchmarks/results/planner.json.
-EFFICIENCY_MAX = 0.6683673469387754
-EFFICIENCY_H0 = 599.3931100136847
+EFFICIENCY_MAX = 0.7295501874219076
+EFFICIENCY_H0 = 1119.0575355506635
 
 
 @dataclasses.dataclass(frozen=True)

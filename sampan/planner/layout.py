@@ -12,6 +12,7 @@ if TYPE_CHECKING:  # sampan.distributed imports torch; the planner must not (see
 # (tests/test_planner_cold_start.py checks they stay equal).
 SCHEDULE_MODES = ("1F1B", "Interleaved1F1B", "GPipe")
 RECOMPUTE_MODES = ("none", "full", "selective")
+AMP_LEVELS = ("O1", "O2")
 SCHEDULE_NAMES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B", "interleaved1f1b": "Interleaved1F1B",
                   "gpipe": "GPipe", "fthenb": "GPipe"}
 
@@ -40,8 +41,14 @@ class Workload:
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-    """dp x sharding x pp x mp ranks; ``num_micro`` micro-batches of ``micro_batch`` sequences per
-    data-parallel rank and step."""
+    """dp x sharding x pp x cp x mp ranks; ``num_micro`` micro-batches of ``micro_batch`` sequences per
+    data-parallel rank and step.
+
+    ``cp``: context-parallel ranks, each holding ``1 / cp`` of every sequence (they also share the
+    sharded model state). ``amp_level``: "O1" (autocast over fp32 parameters) or "O2" (bf16
+    parameters through FSDP2 mixed precision); ``master_weights`` / ``master_grads``: O2's fp32
+    master weights and optimizer state / fp32 gradient reduction (``DistributedStrategy.amp_configs``).
+    """
 
     dp: int = 1
     mp: int = 1
@@ -54,9 +61,15 @@ class Layout:
     schedule: str = "1F1B"
     vpp: int = 1
     sp: bool = False
+    cp: int = 1
+    amp_level: str = "O1"
+    master_weights: bool = True
+    master_grads: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("dp", "mp", "pp", "sharding", "micro_batch", "num_micro", "vpp"):
+        if self.amp_level not in AMP_LEVELS:
+            raise ValueError(f"amp level must be one of {list(AMP_LEVELS)}, got {self.amp_level!r}")
+        for name in ("dp", "mp", "pp", "sharding", "micro_batch", "num_micro", "vpp", "cp"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"layout {name} must be an integer >= 1, got {value!r}")
@@ -73,15 +86,28 @@ class Layout:
 
     @property
     def gpus(self) -> int:
-        return self.dp * self.sharding * self.pp * self.mp
+        return self.dp * self.sharding * self.pp * self.cp * self.mp
 
     @property
     def data_ranks(self) -> int:
         return self.dp * self.sharding
 
+    @property
+    def shard_ranks(self) -> int:
+        """The ranks FSDP2 splits the model state over: sharding x cp."""
+        return self.sharding * self.cp
+
+    @property
+    def fsdp(self) -> bool:
+        """Whether FSDP2 wraps the model: more than one rank averages gradients, or O2's precision."""
+        return self.dp * self.shard_ranks > 1 or self.amp_level == "O2"
+
     def label(self) -> str:
         parts = [f"dp{self.dp}", f"sh{self.sharding}" + (f"/z{self.stage}" if self.sharding > 1 else ""),
-                 f"pp{self.pp}", f"mp{self.mp}" + ("+sp" if self.sp else "")]
+                 f"pp{self.pp}", *([f"cp{self.cp}"] if self.cp > 1 else []), f"mp{self.mp}" + ("+sp" if self.sp else "")]
+        if self.amp_level == "O2":
+            parts.append("O2" + ("" if self.master_weights else " no-master-weights")
+                         + ("" if self.master_grads else " bf16-grads"))
         return " ".join(parts)
 
     def schedule_label(self) -> str:
@@ -96,28 +122,35 @@ class Layout:
         """The ``DistributedStrategy`` that runs this layout in sampan."""
         from sampan.distributed.strategy import DistributedStrategy
 
+        if self.amp_level == "O2" and amp != "bf16":
+            raise ValueError("amp level O2 needs bf16 (drop --fp32, or amp=O1)")
         return DistributedStrategy(
             hybrid_configs={"dp_degree": self.dp, "mp_degree": self.mp, "pp_degree": self.pp,
-                            "sharding_degree": self.sharding},
+                            "sharding_degree": self.sharding, "cp_degree": self.cp},
             sharding_configs={"stage": self.stage},
             pipeline_configs={"accumulate_steps": self.num_micro, "micro_batch_size": self.micro_batch,
                               "schedule_mode": self.schedule, "virtual_pp_degree": self.vpp},
             tensor_parallel_configs={"sequence_parallel": self.sp},
+            amp_configs={"level": self.amp_level, "use_master_weight": self.master_weights,
+                         "use_master_grad": self.master_grads},
             recompute=self.recompute, amp=amp)
 
 
 # How ``--fix`` looks in ``--help`` (``sampan plan`` and ``sampan simulate`` both take it).
-FIX_METAVAR = "dp=..,mp=..,pp=..,sharding=..,micro_batch=..,recompute=..,schedule=..,vpp=.."
+FIX_METAVAR = "dp=..,mp=..,pp=..,cp=..,sharding=..,micro_batch=..,recompute=..,schedule=..,vpp=..,amp=O2"
 
 
 def parse_fix(text: str, gpus: int, workload: Workload) -> Layout:
     """``--fix dp=1,mp=8,pp=8,sharding=1,micro_batch=1,recompute=full,schedule=interleaved,vpp=2``.
 
     Missing degrees: ``dp`` takes the GPUs the others leave; ``num_micro`` follows from the global
-    batch; ``stage`` defaults to 1, ``schedule`` to 1F1B (interleaved when vpp >= 2).
+    batch; ``stage`` defaults to 1, ``schedule`` to 1F1B (interleaved when vpp >= 2). Also ``cp``
+    (context parallel), ``sp`` (sequence parallel), ``amp=O1|O2`` and, at O2, ``master_weights`` /
+    ``master_grads`` (true / false).
     """
-    ints = ("dp", "mp", "pp", "sharding", "stage", "micro_batch", "num_micro", "vpp")
-    allowed = (*ints, "recompute", "schedule", "sp")
+    ints = ("dp", "mp", "pp", "sharding", "stage", "micro_batch", "num_micro", "vpp", "cp")
+    bools = ("sp", "master_weights", "master_grads")
+    allowed = (*ints, "recompute", "schedule", "amp", *bools)
     given: dict = {}
     from sampan.utils.settings import coerce, parse_bool, split_assignment
 
@@ -128,21 +161,23 @@ def parse_fix(text: str, gpus: int, workload: Workload) -> Layout:
             raise ValueError(f"--fix part {part!r} must be KEY=VALUE with KEY one of {list(allowed)}")
         if key in ints:
             given[key] = coerce(value, 0, f"--fix {key}")
-        elif key == "sp":
-            given[key] = parse_bool(value, "--fix sp")
+        elif key in bools:
+            given[key] = parse_bool(value, f"--fix {key}")
         elif key == "schedule":
             given[key] = SCHEDULE_NAMES.get(value.lower(), value)
+        elif key == "amp":
+            given["amp_level"] = value.upper()
         else:
             given[key] = value
     if given.get("vpp", 1) >= 2:
         given.setdefault("schedule", "Interleaved1F1B")
-    others = given.get("mp", 1) * given.get("pp", 1) * given.get("sharding", 1)
+    others = given.get("mp", 1) * given.get("pp", 1) * given.get("sharding", 1) * given.get("cp", 1)
     if "dp" not in given:
         if gpus % others:
-            raise ValueError(f"--fix: mp x pp x sharding = {others} does not divide --gpus {gpus}")
+            raise ValueError(f"--fix: mp x pp x sharding x cp = {others} does not divide --gpus {gpus}")
         given["dp"] = gpus // others
     if given["dp"] * others != gpus:
-        raise ValueError(f"--fix: dp x mp x pp x sharding = {given['dp'] * others}, but --gpus is {gpus}")
+        raise ValueError(f"--fix: dp x mp x pp x sharding x cp = {given['dp'] * others}, but --gpus is {gpus}")
     data_ranks = given["dp"] * given.get("sharding", 1)
     mb = given.get("micro_batch", 1)
     if "num_micro" not in given:

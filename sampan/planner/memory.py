@@ -1,33 +1,31 @@
 """Bytes per GPU of a layout, for the stage that needs the most.
 
-Model state, as sampan holds it (``benchmarks/results/hybrid_parallel.json`` measures these per
-rank): fp32 parameters (AMP is autocast over fp32 weights), fp32 gradients and AdamW's two fp32
-moments, 4 + 4 + 8 = 16 bytes per parameter. FSDP2 keeps all three sharded over ``sharding`` ranks
-at every ZeRO stage; what the stage changes is the working copies held during a step (buffers).
+Everything here is counted from what sampan's code really allocates: the model state from real gloo
+runs (``benchmarks/results/hybrid_parallel.json``), the activations from the tensors sampan's eager
+models save for backward (saved-tensor hooks in ``tests/test_planner.py``), and the pipeline and
+FSDP2 buffers from ``sampan simulate``, which runs fleet's own code for one rank of the layout on
+fake tensors (docs/scale.md holds the comparison; it is what found most of the terms below).
+
+Model state: parameters, gradients and AdamW's two moments, sharded over ``sharding x cp`` ranks
+by FSDP2 at every ZeRO stage: 4 + 4 + 8 bytes per parameter (fp32: AMP level O1 is autocast over
+fp32 parameters, and O2 keeps fp32 master weights), or 2 + 2 + 4 at O2 without master weights.
 
 Activations per block and micro-batch follow Korthikanti et al. 2022 ("Reducing Activation
-Recomputation in Large Transformer Models"), with its element counts, but with the byte sizes
-sampan really stores: the residual stream (norm inputs) is fp32 under autocast, matmul
-outputs are bf16, attention is ``scaled_dot_product_attention`` (flash: the output and a
-log-sum-exp, no ``s x s`` matrix), and dropout masks are absent (dropout 0, as the GPT zoo sets).
-For GPT / ERNIE blocks, in Korthikanti's 2-byte units with dropout, this is ``34 s b h``
-(``10 + 24/t`` with tensor parallel ``t``, ``34/t`` with sequence parallel), without the
-``5 a s^2 b`` that flash removes.
-
-Llama-family blocks (``layer_activation_bytes`` lists the tensors) differ in three ways, each
-counted from what sampan's eager model keeps (saved-tensor hooks on ``llama-tiny``, fp32 and CPU
-bf16 autocast, ``tests/test_planner.py``): grouped-query attention keeps k and v ``KV d`` wide
-instead of ``h`` (q and the attention output stay ``H d``); SwiGLU keeps four ``f``-wide tensors
-(gate, its SiLU, up, and their product, the down projection's input) instead of two; and
-sampan's fp32 ``RMSNorm`` keeps both its input and the normalised tensor before the weight, while
-under autocast every projection that reads a norm's output casts its own bf16 copy (autocast
-caches casts of weights, not of activations): 3 after the attention norm, 2 after the MLP norm.
+Recomputation in Large Transformer Models") in their element counts, with the byte sizes sampan
+stores: the residual stream is fp32 (O1 / fp32) or bf16 (O2); matmul outputs are bf16 under AMP;
+attention is ``scaled_dot_product_attention`` (flash: the output and a log-sum-exp, no ``s x s``
+matrix); dropout masks are absent (dropout 0, as the zoo sets). A norm keeps its input (LayerNorm;
+sampan's fp32 ``RMSNorm`` keeps an fp32 copy and the normalised tensor), and its output is kept
+once more as the projections read it: once in the compute dtype, or, under O1 autocast, once per
+projection, since each casts its own bf16 copy (autocast caches casts of weights, not of
+activations). Context parallel divides every token-wise tensor by ``cp``, except the keys and
+values attention gathers from the other ranks.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
+import functools
 
 from sampan.planner.layout import Layout, Workload
 from sampan.planner.model_shape import ModelShape
@@ -36,7 +34,11 @@ RESERVED_BYTES = 2.0e9
 """CUDA context, NCCL channels and allocator fragmentation: a fixed allowance per GPU (an assumption,
 not measured here: there is no GPU on this machine)."""
 
-PARAM_BYTES, GRAD_BYTES, OPTIM_BYTES = 4, 4, 8
+def state_bytes(layout: Layout) -> tuple[int, int, int]:
+    """Bytes per parameter of the sharded parameters, gradients and optimizer state."""
+    if layout.amp_level == "O2" and not layout.master_weights:
+        return 2, 2, 4
+    return 4, 4, 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +62,15 @@ class Memory:
         return {**dataclasses.asdict(self), "total": self.total}
 
 
+def stage_layers(model: ModelShape, layout: Layout, stage: int) -> int:
+    """Blocks on pipeline rank ``stage``: fleet cuts the layers into ``pp x vpp`` chunks, earlier
+    chunks one longer when uneven, and the rank runs chunks ``stage, stage + pp, ...``."""
+    p, v = layout.pp, layout.vpp
+    base, extra = divmod(model.layers, p * v)
+    longer = min(v, max(0, -(-(extra - stage) // p)))  # the rank's chunks stage, stage + p, ... below extra
+    return v * base + longer
+
+
 def stage_params(model: ModelShape, layout: Layout, stage: int) -> float:
     """Parameters on one tensor-parallel rank of pipeline ``stage``, before ZeRO sharding.
 
@@ -70,8 +81,7 @@ def stage_params(model: ModelShape, layout: Layout, stage: int) -> float:
     """
     mp, pp = layout.mp, layout.pp
     vocab = model.padded_vocab(mp)
-    layers = math.ceil(model.layers / pp)
-    total = layers * model.layer_params_per_mp(mp)
+    total = stage_layers(model, layout, stage) * model.layer_params_per_mp(mp)
     if stage == 0:
         total += vocab * model.hidden / mp + model.learned_positions * model.hidden
     if stage == pp - 1:
@@ -81,75 +91,160 @@ def stage_params(model: ModelShape, layout: Layout, stage: int) -> float:
     return total
 
 
+@dataclasses.dataclass(frozen=True)
+class _Bytes:
+    """Bytes per element of what a layout computes with."""
+
+    matmul: int
+    """Matmul and attention outputs: 2 under AMP, 4 in fp32."""
+    residual: int
+    """The residual stream between blocks (and what crosses a pipeline boundary): bf16 at O2, else fp32."""
+    autocast: bool
+    """O1 under bf16: every projection casts its own bf16 copy of its input."""
+
+    @classmethod
+    def of(cls, layout: Layout, work: Workload) -> _Bytes:
+        return _BYTES[(layout.amp_level == "O2", bool(work.amp))]
+
+
+# (pure bf16 parameters asked for, AMP on) -> bytes: the planner's search asks millions of times.
+_BYTES = {(pure, amp): _Bytes(2 if amp else 4, 2 if pure and amp else 4, amp and not pure)
+          for pure in (False, True) for amp in (False, True)}
+
+
+def _norm_bytes(model: ModelShape, b: _Bytes) -> int:
+    """Per element, what one norm keeps itself: LayerNorm its input; sampan's RMSNorm an fp32 copy
+    of its input and the normalised tensor (fp32, or bf16 at O2 where it is cast back before the scale)."""
+    if model.norm == "layernorm":
+        return b.residual
+    return 4 + b.residual
+
+
+def _consumer_bytes(b: _Bytes, projections: int) -> int:
+    """Per element, a norm's output as the ``projections`` reading it keep it."""
+    return 2 * projections if b.autocast else b.matmul
+
+
+def tokens_per_rank(layout: Layout, work: Workload) -> float:
+    """Tokens of one micro-batch a rank holds: its ``1 / cp`` of each of the ``micro_batch`` sequences."""
+    return work.seq_len / layout.cp * layout.micro_batch
+
+
 def layer_activation_bytes(model: ModelShape, layout: Layout, work: Workload, recompute: str) -> float:
-    """Bytes one block keeps for backward, per micro-batch, on one tensor-parallel rank.
+    """Bytes one block keeps for backward, per micro-batch, on one rank.
 
-    GPT / ERNIE (LayerNorm, MLP of two matrices), with recompute none: both norms' inputs (fp32)
-    and outputs (the matmuls' input), q k v and the attention output, the log-sum-exp, fc1's output
-    and its activation. Validated against fp32 measurements; under autocast q / k / v each cast the
-    norm's output to bf16 themselves, 2 copies of ``e s b h`` this formula leaves out (kept so the
-    published-run validation in docs/planner.md stays the one it reports).
+    Recompute none, per block (``T`` tokens this rank holds, ``t`` tensor-parallel ranks, ``ln = t``
+    with sequence parallel, else 1):
 
-    Llama family (RMSNorm, GQA, SwiGLU), recompute none, all from sampan's eager model:
-
-    * each RMSNorm: its fp32 input and the fp32 normalised tensor (``2 r s b h``, split by sequence
-      parallel); its output as the projections read it: one tensor in fp32, one bf16 copy per
-      projection under autocast (3 for q / k / v, 2 for gate / up), whole-sequence even with
-      sequence parallel (the column-parallel matmuls save the gathered input);
+    * two norms: what each keeps itself (split by sequence parallel) and its output as the
+      projections read it (whole-sequence even with sequence parallel: the column-parallel matmuls
+      save the gathered input);
     * attention: q and its output ``H d`` wide, k and v ``KV d`` wide (the tensors flash attention
-      saves, after RoPE), the log-sum-exp over query heads; Qwen3's q / k norms add their fp32
-      input and normalised output (``(r + e) (H + KV) d``);
-    * SwiGLU: gate, SiLU(gate), up and their product, ``4 e s b f / t``.
+      saves, after RoPE; under context parallel the gathered keys and values of the whole
+      sequence), the fp32 log-sum-exp over query heads; Qwen3's q / k norms add their fp32 input
+      copy and normalised output;
+    * the MLP: fc1's output and its activation, or SwiGLU's gate, SiLU(gate), up and their product.
 
-    Selective keeps the block input and every matmul / attention output (sampan's op-level
-    policy, as torchtitan's); full keeps only the block input.
+    Selective keeps the block input and every matmul / attention output (sampan's op-level policy,
+    as torchtitan's); full keeps only the block input.
     """
-    s, b, h, f, a = work.seq_len, layout.micro_batch, model.hidden, model.ffn, model.heads
-    t = layout.mp
-    e = 2 if work.amp else 4           # matmul outputs / inputs of matmuls (bf16 under autocast)
-    r = 4                              # residual stream: norm inputs stay fp32 under autocast
-    ln = t if layout.sp else 1         # sequence parallel splits the norm regions too
-    sbh = s * b * h
+    s_all, h, f, a = work.seq_len, model.hidden, model.ffn, model.heads
+    t, b = layout.mp, _Bytes.of(layout, work)
+    tokens = tokens_per_rank(layout, work)
+    kv_tokens = s_all * layout.micro_batch  # attention gathers every rank's keys and values
+    ln = t if layout.sp else 1
+    th = tokens * h
     if recompute == "full":            # only the block's input
-        return r * sbh / ln
-    lse = 4 * a * s * b / t            # flash attention's log-sum-exp (fp32)
-    # q, k, v and the attention output: 4 e s b h for multi-head attention, less with GQA's k, v
-    qkv_o = e * s * b * (2 * model.q_width + 2 * model.kv_width) / t
-    mlp = 2 * model.mlp_in_matrices * e * s * b * f / t  # fc1 out + activation; or gate, SiLU, up, product
+        return b.residual * th / ln
+    e = b.matmul
+    lse = 4 * a * tokens / t
+    qkv_o = e * (2 * tokens * model.q_width + 2 * kv_tokens * model.kv_width) / t
+    mlp = 2 * model.mlp_in_matrices * e * tokens * f / t
     if recompute == "selective":       # block input + every matmul / attention output (torchtitan-style)
-        return r * sbh / ln + qkv_o + lse + model.mlp_in_matrices * e * s * b * f / t + 2 * e * sbh
-    if model.norm == "layernorm":      # both norms' inputs (fp32) and outputs (the matmul inputs)
-        norms = 2 * (r + e) * sbh / ln
-    else:                              # RMSNorm: input + normalised (fp32), then the projections' copies
-        copies = 3 + model.mlp_in_matrices if work.amp else 2
-        norms = 2 * 2 * r * sbh / ln + copies * e * sbh
-    qk_norm = (r + e) * s * b * (model.q_width + model.kv_width) / t if model.qk_norm else 0
-    return norms + qkv_o + lse + mlp + qk_norm
+        return b.residual * th / ln + qkv_o + lse + model.mlp_in_matrices * e * tokens * f / t + 2 * e * th
+    own = 2 * _norm_bytes(model, b) * th / ln
+    consumers = (_consumer_bytes(b, 3) + _consumer_bytes(b, model.mlp_in_matrices)) * th
+    qk_norm = (4 + e) * tokens * (model.q_width + model.kv_width) / t if model.qk_norm else 0
+    return own + consumers + qkv_o + lse + mlp + qk_norm
 
 
-def in_flight(layout: Layout, stage: int) -> float:
-    """Micro-batches' worth of activations (for this stage's layers) held at the peak."""
-    p, m, v = layout.pp, layout.num_micro, layout.vpp
+def block_input_alias_bytes(model: ModelShape, layout: Layout, work: Workload, recompute: str) -> float:
+    """Of a block's kept bytes, those that are its input tensor itself: for the first block of a
+    pipeline chunk that is the receive buffer, already counted there."""
+    b = _Bytes.of(layout, work)
+    th = tokens_per_rank(layout, work) * model.hidden / (layout.mp if layout.sp else 1)
+    if recompute == "full" or model.norm == "layernorm" or b.residual == 4:
+        return b.residual * th     # checkpoint's saved input; LayerNorm's input; RMSNorm's no-op fp32 copy
+    return 0.0                     # O2 RMSNorm keeps a new fp32 copy, not its input
+
+
+@functools.lru_cache(maxsize=65536)
+def in_flight_states(pp: int, vpp: int, num_micro: int, rank: int, schedule: str) -> tuple[tuple[int, ...], ...]:
+    """How many micro-batches await backward on each of pipeline rank ``rank``'s chunks, after each
+    forward of a step (where the activation peaks are), as torch's schedules order their work.
+
+    GPipe runs every forward first; 1F1B warms up with ``pp - rank`` forwards, then alternates one
+    forward and one backward. Interleaved 1F1B (torch's ``ScheduleInterleaved1F1B``) warms up with
+    ``(vpp - 1) x micro-batches-per-round + 2 (pp - 1 - rank)`` forwards, filling its chunks in order
+    (depth first), then alternates; its backwards run the chunks in reverse order. Which chunk holds
+    the micro-batches in flight matters: the chunks hold different layer counts, and only the last
+    sends nothing on. Torch-free, so planning stays fast; cached, since the search asks often.
+    """
+    p, v, m = pp, vpp, num_micro
     if p == 1:
-        return 1.0
-    if layout.schedule == "GPipe":
-        return float(m)
-    if v > 1:  # Megatron's interleaved warm-up: 2 (p - i - 1) + (v - 1) p + 1 chunks of L / (p v) layers
-        chunks = min(m * v, 2 * (p - stage - 1) + (v - 1) * p + 1)
-        return chunks / v
-    return float(min(m, p - stage))
+        return ((1,),)
+    if schedule == "GPipe":
+        return ((m,),)
+    if v == 1:
+        return ((min(m, p - rank),),)
+    rounds = max(1, m // p)
+    per_round = m // rounds
+    total = m * v
+    warmup = min((v - 1) * per_round + 2 * (p - 1 - rank), total)
+    counts = [0] * v
+    states = []
+
+    def forward(step: int) -> None:
+        counts[(step // per_round) % v] += 1
+        states.append(tuple(counts))
+
+    def backward(step: int) -> None:
+        counts[v - 1 - (step // per_round) % v] -= 1
+
+    for step in range(warmup):
+        forward(step)
+    for step in range(total - warmup):  # steady state: one forward, then one backward
+        forward(warmup + step)
+        backward(step)
+    return tuple(set(states))
+
+
+def boundary_bytes(model: ModelShape, layout: Layout, work: Workload) -> float:
+    """What crosses a pipeline boundary per micro-batch: the residual stream of this rank's tokens
+    (a ``1 / mp`` sequence shard of it with sequence parallel)."""
+    b = _Bytes.of(layout, work)
+    return b.residual * tokens_per_rank(layout, work) * model.hidden / (layout.mp if layout.sp else 1)
+
+
+def receive_buffer_bytes(model: ModelShape, layout: Layout, work: Workload, stage: int) -> float:
+    """The receive buffers torch's pipeline allocates up front, for the whole step, on rank ``stage``:
+    one per micro-batch for the activations of every chunk but the first, and for the gradients of
+    every chunk but the last."""
+    if layout.pp == 1:
+        return 0.0
+    chunks = layout.pp * layout.vpp
+    receives = sum((c != 0) + (c != chunks - 1) for c in range(stage, chunks, layout.pp))
+    return layout.num_micro * receives * boundary_bytes(model, layout, work)
 
 
 def head_activation_bytes(model: ModelShape, layout: Layout, work: Workload) -> float:
-    """The last stage's final norm and fp32 logits (kept by the vocabulary-parallel cross-entropy)."""
-    s, b, h = work.seq_len, layout.micro_batch, model.hidden
-    e = 2 if work.amp else 4
-    ln = layout.mp if layout.sp else 1
-    logits = 4 * s * b * model.padded_vocab(layout.mp) / layout.mp
-    if model.norm == "layernorm":
-        return logits + (4 + e) * s * b * h / ln
-    # RMSNorm: input and normalised in fp32, and the head's (whole-sequence) input
-    return logits + 2 * 4 * s * b * h / ln + e * s * b * h
+    """The last stage's final norm, the head's input and the fp32 log-softmax of its logits (split by
+    vocabulary over mp: the parallel cross-entropy, with and without a pipeline)."""
+    b = _Bytes.of(layout, work)
+    th = tokens_per_rank(layout, work) * model.hidden
+    logits = 4 * tokens_per_rank(layout, work) * model.padded_vocab(layout.mp) / layout.mp
+    norm = _norm_bytes(model, b) * th / (layout.mp if layout.sp else 1)
+    return logits + norm + _consumer_bytes(b, 1) * th
 
 
 def memory(model: ModelShape, layout: Layout, work: Workload) -> Memory:
@@ -162,25 +257,65 @@ def memory(model: ModelShape, layout: Layout, work: Workload) -> Memory:
     return best
 
 
+def _in_flight_bytes(model: ModelShape, layout: Layout, work: Workload, stage: int) -> float:
+    """The activations rank ``stage``'s chunks keep at the schedule's peak: per micro-batch in flight
+    on a chunk, every block's kept bytes, less the first block's input where that is the receive
+    buffer (counted there), plus the chunk's output, kept for its backward besides being sent on; the
+    model's last chunk keeps the head's instead, and a forward through it peaks at its loss
+    (:func:`loss_transient_bytes`)."""
+    chunks = layout.pp * layout.vpp
+    base, extra = divmod(model.layers, chunks)
+    per_layer = layer_activation_bytes(model, layout, work, layout.recompute)
+    alias = block_input_alias_bytes(model, layout, work, layout.recompute) if layout.pp > 1 else 0.0
+    bnd = boundary_bytes(model, layout, work)
+    weights, last = [], None
+    for k, c in enumerate(range(stage, chunks, layout.pp)):
+        layers = base + (c < extra)
+        out = head_activation_bytes(model, layout, work) if c == chunks - 1 else bnd
+        weights.append(layers * per_layer - (c != 0) * alias + out)
+        last = k if c == chunks - 1 else last
+    transient = loss_transient_bytes(model, layout, work)
+    states = in_flight_states(layout.pp, layout.vpp, layout.num_micro, stage, layout.schedule)
+    return max(sum(n * w for n, w in zip(state, weights, strict=True))
+               + (transient if last is not None and state[last] else 0.0) for state in states)
+
+
+def loss_transient_bytes(model: ModelShape, layout: Layout, work: Workload) -> float:
+    """What computing the loss holds for a moment besides the saved log-softmax: the vocabulary-parallel
+    cross-entropy (mp > 1) builds its log-softmax from four fp32 ``[tokens, vocab / mp]`` tensors
+    (shifted, exponentiated, ...; measured in ``sampan simulate``); plain cross-entropy only the fp32
+    copy of bf16 logits."""
+    logits = 4 * tokens_per_rank(layout, work) * model.padded_vocab(layout.mp) / layout.mp
+    if layout.mp > 1:
+        return 4 * logits
+    return logits if work.amp else 0.0
+
+
 def _stage_memory(model: ModelShape, layout: Layout, work: Workload, stage: int) -> Memory:
     n = stage_params(model, layout, stage)
-    shard = layout.sharding
-    params, grads, optim = PARAM_BYTES * n / shard, GRAD_BYTES * n / shard, OPTIM_BYTES * n / shard
-    layers = math.ceil(model.layers / layout.pp)
+    shard = layout.shard_ranks
+    p_bytes, g_bytes, o_bytes = state_bytes(layout)
+    params, grads, optim = p_bytes * n / shard, g_bytes * n / shard, o_bytes * n / shard
+    acts = _in_flight_bytes(model, layout, work, stage)
     per_layer = layer_activation_bytes(model, layout, work, layout.recompute)
-    acts = in_flight(layout, stage) * layers * per_layer
     if layout.recompute != "none":  # backward rebuilds one block's full activations at a time
         acts += layer_activation_bytes(model, layout, work, "none") - per_layer
-    if stage == layout.pp - 1:
-        heads = layout.num_micro if (layout.schedule == "GPipe" and layout.pp > 1) else 1
-        acts += heads * head_activation_bytes(model, layout, work)
-    unit = model.layer_params_per_mp(layout.mp)  # one FSDP unit (a block), unsharded
-    buffers = 0.0
-    if work.amp:  # autocast's bf16 copies of the weights, saved by the matmuls for backward
+    buffers = receive_buffer_bytes(model, layout, work, stage)
+    b = _Bytes.of(layout, work)
+    if b.autocast:  # autocast's bf16 copies of the weights, cached for the step and saved by the matmuls
         buffers += 2 * n
-    if shard > 1:
+    unit = model.layer_params_per_mp(layout.mp)  # one FSDP unit (a block), unsharded
+    if layout.fsdp:
+        gathered = 2 if b.residual == 2 else p_bytes   # O2 gathers bf16 copies; O1 the fp32 parameters
+        accumulated = 2 if (b.residual == 2 and not layout.master_grads) else 4
         if layout.stage == 3:  # one block gathered, the next prefetched; one block's gradient before reduce-scatter
-            buffers += (2 * PARAM_BYTES + GRAD_BYTES) * unit
-        else:  # parameters stay gathered from forward to backward; gradients accumulate unsharded
-            buffers += PARAM_BYTES * n + (GRAD_BYTES * n if layout.num_micro > 1 else GRAD_BYTES * unit)
+            buffers += 3 * gathered * unit
+        elif layout.num_micro > 1:
+            # Parameters stay gathered from forward to backward and gradients accumulate unsharded
+            # until the step's last backward; only then are they reduced into the sharded gradients,
+            # which therefore never exist beside them (counting both overstated GPT-3 175B at
+            # t8 x p16 x d8 by 5.8 GB a rank: sampan simulate).
+            buffers += gathered * n + accumulated * n - grads
+        else:  # parameters stay gathered from forward to backward; one block's gradient before reduction
+            buffers += gathered * n + gathered * unit
     return Memory(params, grads, optim, acts, buffers, RESERVED_BYTES, stage)

@@ -10,6 +10,7 @@ go through the family's adapter (``config_from_hf``) where that adapter imports 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -141,8 +142,7 @@ class ModelShape:
     def layer_params_per_mp(self, mp: int) -> float:
         """One block's parameters on one tensor-parallel rank: the matmuls split, norms and
         row-parallel biases replicated (as sampan's DTensor plans do)."""
-        # The terms are added in this order so GPT shapes give the float they always gave.
-        return self._split_params() / mp + self._row_biases() + 2 * self.norm_params + self._qk_norm_params()
+        return _layer_params_per_mp(self, mp)
 
     @property
     def embedding_params(self) -> int:
@@ -190,6 +190,12 @@ class ModelShape:
         """The shape's fields (not the source config) and its parameter count, as plain JSON values."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "config"}
         return out | {"parameters": self.num_parameters}
+
+
+@functools.lru_cache(maxsize=4096)  # the planner's search asks for the same few shapes millions of times
+def _layer_params_per_mp(model: ModelShape, mp: int) -> float:
+    # The terms are added in this order so GPT shapes give the float they always gave.
+    return model._split_params() / mp + model._row_biases() + 2 * model.norm_params + model._qk_norm_params()
 
 
 def shape_from_config(name: str, config: Any, registered: str | None = None) -> ModelShape:

@@ -19,8 +19,10 @@ def _gb(nbytes: float) -> str:
 def plan_row(plan: Plan) -> dict[str, Any]:
     """The table's columns for one plan, as plain values (JSON's ``rows``)."""
     lay = plan.layout
-    return {"dp": lay.dp, "sharding": lay.sharding, "zero_stage": lay.stage if lay.sharding > 1 else None,
-            "pp": lay.pp, "mp": lay.mp, "sequence_parallel": lay.sp, "vpp": lay.vpp, "schedule": lay.schedule_label(),
+    return {"dp": lay.dp, "sharding": lay.sharding, "zero_stage": lay.stage if lay.shard_ranks > 1 else None,
+            "pp": lay.pp, "cp": lay.cp, "mp": lay.mp, "sequence_parallel": lay.sp, "amp_level": lay.amp_level,
+            "master_weights": lay.master_weights, "master_grads": lay.master_grads,
+            "vpp": lay.vpp, "schedule": lay.schedule_label(),
             "micro_batch": lay.micro_batch, "micro_batches": lay.num_micro, "recompute": lay.recompute,
             "memory_gb": plan.memory.total / 1e9, "step_s": plan.time.total, "tokens_per_s": plan.tokens_per_s,
             "mfu": plan.mfu, "bottleneck": plan.time.bottleneck, "fits": plan.fits}
@@ -51,16 +53,18 @@ def print_table(model: ModelShape, hw: Hardware, work: Workload, gpus: int, plan
              f"({hw.memory_gb:g} GB, {hw.tflops:g} TFLOP/s) · seq {work.seq_len} · global batch {work.global_batch}"
              f"\n{model.describe()}")
     table = Table(title=title)
-    for col, justify in (("#", "right"), ("dp", "right"), ("shard", "right"), ("pp", "right"), ("mp", "right"),
-                         ("schedule", "left"), ("mb x n", "right"), ("recompute", "left"), ("mem GB/GPU", "right"),
-                         ("step s", "right"), ("tokens/s", "right"), ("MFU", "right"), ("bottleneck", "left")):
+    for col, justify in (("#", "right"), ("dp", "right"), ("shard", "right"), ("pp", "right"), ("cp", "right"),
+                         ("mp", "right"), ("amp", "left"), ("schedule", "left"), ("mb x n", "right"),
+                         ("recompute", "left"), ("mem GB/GPU", "right"), ("step s", "right"), ("tokens/s", "right"),
+                         ("MFU", "right"), ("bottleneck", "left")):
         table.add_column(col, justify=justify)
     for i, plan in enumerate(plans, 1):
         lay = plan.layout
-        shard = f"{lay.sharding}" + (f" z{lay.stage}" if lay.sharding > 1 else "")
+        shard = f"{lay.sharding}" + (f" z{lay.stage}" if lay.shard_ranks > 1 else "")
         mem = _gb(plan.memory.total) if plan.fits else f"[red]{_gb(plan.memory.total)} (> {hw.memory_gb:g})[/red]"
-        table.add_row(str(i), str(lay.dp), shard, str(lay.pp), f"{lay.mp}{'+sp' if lay.sp else ''}",
-                      lay.schedule_label(), f"{lay.micro_batch} x {lay.num_micro}", lay.recompute, mem,
+        amp = (lay.amp_level if work.amp else "fp32") + ("" if lay.master_weights else " bf16-state")
+        table.add_row(str(i), str(lay.dp), shard, str(lay.pp), str(lay.cp), f"{lay.mp}{'+sp' if lay.sp else ''}",
+                      amp, lay.schedule_label(), f"{lay.micro_batch} x {lay.num_micro}", lay.recompute, mem,
                       f"{plan.time.total:.2f}", f"{plan.tokens_per_s:,.0f}", f"{plan.mfu:.1%}", plan.time.bottleneck)
     console.print(table)
     if result is not None:

@@ -1,13 +1,19 @@
 """Every valid layout for a model on a cluster, priced and ranked.
 
-Valid means sampan can run it: dp x sharding x pp x mp equals the GPUs; mp divides the heads and
-the key/value heads (tensor parallel gives each rank whole KV heads under grouped-query attention) and
-fits in a node (tensor parallel all-reduces every block; across nodes it never wins); pp x vpp
-divides the layers; the micro-batch divides each data rank's share of the global batch; a pipeline
-gets at least pp micro-batches (the interleaved schedule a multiple of pp); sequence parallel only
-with mp > 1 and pp == 1 (sampan refuses it with pipelines). ZeRO stage 1 runs as stage 2 in
-sampan (FSDP2), so the search tries stages 2 and 3. The vocabulary is padded to a multiple of
-128 x mp when mp does not divide it (``--write-strategy`` writes the padded size).
+Valid means sampan can run it: dp x sharding x pp x cp x mp equals the GPUs; mp divides the heads
+and the key/value heads (tensor parallel gives each rank whole KV heads under grouped-query
+attention) and fits in a node (tensor parallel all-reduces every block; across nodes it never
+wins); pp x vpp is at most the layers (fleet cuts them into pp x vpp chunks, earlier chunks one
+longer when uneven, and the planner prices each rank's own); the micro-batch divides each data
+rank's share of the global batch; a pipeline gets at least pp micro-batches (the interleaved
+schedule a multiple of pp); sequence parallel only with mp > 1. Context parallel (cp up to 16,
+cutting each sequence into 2 cp equal chunks) is tried only for sequences of 8K tokens and more:
+below that one rank holds a whole sequence's activations easily, and cp only adds traffic. Under
+bf16 the search prices AMP level O2 (bf16 parameters with fp32 master weights), which needs no
+more memory than O1 (autocast over fp32 parameters) and moves half the gathered bytes at the
+same compute; ``--fix amp=O1`` prices O1. ZeRO stage 1 runs as stage 2 in sampan (FSDP2), so the
+search tries stages 2 and 3. The vocabulary is padded to a multiple of 128 x mp when mp does not
+divide it (``--write-strategy`` writes the padded size).
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from sampan.planner.time import StepTime, model_flops_per_step, step_time
 
 MAX_VPP = 8
 MAX_MICRO_BATCH = 64
+MAX_CP = 16
+CP_FROM_SEQ_LEN = 8192
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,23 +88,34 @@ def check_inputs(model: ModelShape, gpus: int, work: Workload, hw: Hardware) -> 
         pass  # planning a longer context than the config's table is allowed: positions are cheap
 
 
+def _pipeline_and_context(ranks: int, work: Workload) -> Iterator[tuple[int, int]]:
+    """``(pp, cp)`` pairs for ``ranks`` ranks: context parallel only for long sequences (module doc)."""
+    for pp in divisors(ranks):
+        for cp in divisors(ranks // pp):
+            if cp == 1 or (work.seq_len >= CP_FROM_SEQ_LEN and cp <= MAX_CP and work.seq_len % (2 * cp) == 0):
+                yield pp, cp
+
+
 def layouts(model: ModelShape, gpus: int, work: Workload, hw: Hardware) -> Iterator[Layout]:
     """All valid layouts (see the module docstring)."""
+    # O2 needs no more memory than O1 and gathers half the bytes at the same compute, so under bf16
+    # it is never slower: the search prices O2 only (--fix amp=O1 prices autocast over fp32).
+    levels = ("O2",) if work.amp else ("O1",)
     for mp in divisors(gpus):
         if mp_problem(model, mp) or mp > hw.gpus_per_node:
             continue
-        for pp in divisors(gpus // mp):
-            if model.layers % pp:
+        for pp, cp in _pipeline_and_context(gpus // mp, work):
+            if model.layers < pp:
                 continue
-            data = gpus // (mp * pp)
+            data = gpus // (mp * pp * cp)
             if work.global_batch % data:
                 continue
             per_rank = work.global_batch // data
             schedules = [("1F1B", 1)] if pp == 1 else [("1F1B", 1), ("GPipe", 1)] + [
-                ("Interleaved1F1B", v) for v in range(2, MAX_VPP + 1) if (model.layers // pp) % v == 0]
+                ("Interleaved1F1B", v) for v in range(2, MAX_VPP + 1) if pp * v <= model.layers]
             for sharding in divisors(data):
                 dp = data // sharding
-                stages = (1,) if sharding == 1 else (2, 3)
+                stages = (1,) if sharding * cp == 1 else (2, 3)
                 for mb in divisors(per_rank):
                     if mb > MAX_MICRO_BATCH:
                         break
@@ -106,11 +125,12 @@ def layouts(model: ModelShape, gpus: int, work: Workload, hw: Hardware) -> Itera
                     for schedule, vpp in schedules:
                         if vpp > 1 and num_micro % pp:
                             continue
-                        for sp in ((False, True) if (mp > 1 and pp == 1) else (False,)):
+                        for sp in ((False, True) if mp > 1 else (False,)):
                             for stage in stages:
                                 for recompute in ("none", "selective", "full"):
-                                    yield Layout(dp, mp, pp, sharding, stage, mb, num_micro, recompute, schedule,
-                                                 vpp, sp)
+                                    for level in levels:
+                                        yield Layout(dp, mp, pp, sharding, stage, mb, num_micro, recompute,
+                                                     schedule, vpp, sp, cp, level)
 
 
 @dataclasses.dataclass

@@ -1,8 +1,8 @@
 """Seconds per optimizer step of a layout, split into where the time goes.
 
-* compute: the stage's FLOPs (``6 N + 12 L H d s`` per token, ``H d = h`` for GPT, plus one more
-  forward of the blocks with full recompute) at ``Hardware.efficiency(h)`` of peak (a curve in the
-  model's width);
+* compute: the stage's FLOPs (``6 N + 12 L H d s`` per token, ``H d = h`` for GPT, the attention
+  term halved for causal models, whose kernels skip the masked half, plus one more forward of the
+  blocks with full recompute) at ``Hardware.efficiency(h)`` of peak (a curve in the model's width);
 * tensor parallel: 4 all-reduces of ``b s h`` activations per block and micro-batch (2 forward,
   after the row-parallel out-proj and fc2 / down; 2 backward, of the column-parallel q k v and
   fc1 / gate-up input gradients, each reduced once as sampan's plans share that input; all-gather
@@ -10,14 +10,18 @@
   embedding's; 2 more per block with full recompute. They are ``h`` wide whatever the heads: GQA
   narrows k and v inside a rank, not what crosses ranks. Sampan does not overlap them with
   compute (DTensor runs them in line);
+* context parallel: an all-gather of each block's keys and values over the ``cp`` ranks in
+  forward (again with full recompute) and a reduce-scatter of their gradients in backward,
+  in line like tensor parallel's;
 * pipeline: the bubble, ``(p - 1) / v`` micro-batch slots of a stage (``v = 1`` for 1F1B and
-  GPipe, ``vpp`` interleaved), and the point-to-point sends of ``b s h`` per boundary, on the
-  critical path;
-* data parallel / sharding: FSDP2's fp32 collectives (sampan sets no reduce dtype): all-reduce
-  over ``dp``, reduce-scatter + all-gather over ``sharding`` (ZeRO-3: all-gather twice and
-  reduce-scatter per micro-batch). FSDP2 prefetches the next block's all-gather and issues
-  reduce-scatters while backward continues, so these overlap with the micro-batch they belong to;
-  one block's worth stays exposed at each end;
+  GPipe, ``vpp`` interleaved), and the point-to-point sends of the residual stream per boundary
+  (fp32, or bf16 at O2; a ``1 / mp`` sequence shard with sequence parallel), on the critical path;
+* data parallel / sharding: FSDP2's collectives over ``dp`` and ``sharding x cp``: all-gathers of
+  the parameters (fp32 at O1, bf16 at O2) and reductions of the gradients (fp32, or bf16 at O2
+  without master gradients): all-reduce over ``dp``, reduce-scatter + all-gather over the shard
+  ranks (ZeRO-3: all-gather twice and reduce-scatter per micro-batch). FSDP2 prefetches the next
+  block's all-gather and issues reduce-scatters while backward continues, so these overlap with
+  the micro-batch they belong to; one block's worth stays exposed at each end;
 * optimizer: AdamW reads and writes its state once (device-memory bound).
 
 Collectives use the alpha-beta ring model over the slowest link of the group: a group whose ranks
@@ -31,7 +35,7 @@ import math
 
 from sampan.planner.hardware import Hardware
 from sampan.planner.layout import Layout, Workload
-from sampan.planner.memory import stage_params
+from sampan.planner.memory import boundary_bytes, stage_params, state_bytes, tokens_per_rank
 from sampan.planner.model_shape import ModelShape
 
 
@@ -86,14 +90,18 @@ def _crosses(ranks: int, stride: int, hw: Hardware) -> bool:
 def step_time(model: ModelShape, layout: Layout, work: Workload, hw: Hardware, overlap: bool = True) -> StepTime:
     """Predicted :class:`StepTime`. ``overlap=False`` prices every collective on the critical path
     (what CPU gloo ranks sharing cores do)."""
-    s, b, h = work.seq_len, layout.micro_batch, model.hidden
+    s, h = work.seq_len, model.hidden
     p, m, t, v = layout.pp, layout.num_micro, layout.mp, layout.vpp
     e = 2 if work.amp else 4
     layers = math.ceil(model.layers / p)
-    tokens_mb = s * b
+    tokens_mb = tokens_per_rank(layout, work)  # this rank's tokens of one micro-batch (1 / cp of each sequence)
 
     # -- compute of one micro-batch on the busiest stage (the blocks, plus the head on the last) --
-    block_flops = (6 * model.layer_params + 12 * model.q_width * s) * tokens_mb / t  # as flops_per_token counts
+    # As flops_per_token counts, except that a causal model's attention computes only the query-key
+    # pairs its mask keeps: flash attention skips the masked half, and sampan's context parallel
+    # attends each chunk to the keys before it (about the same half). ERNIE attends both ways.
+    attention = 12 * model.q_width * s * (1.0 if model.family == "ernie" else 0.5)
+    block_flops = (6 * model.layer_params + attention) * tokens_mb / t
     head_flops = 6 * model.vocab * h * tokens_mb / t
     recompute_flops = block_flops / 3 if layout.recompute == "full" else 0.0  # one more forward
     flops_mb = layers * (block_flops + recompute_flops) + head_flops  # the last stage: blocks + head
@@ -108,6 +116,15 @@ def step_time(model: ModelShape, layout: Layout, work: Workload, hw: Hardware, o
         one = ring_time("all_reduce", e * tokens_mb * h, t, link)
         tp_mb = (layers * per_layer + 2) * one
 
+    # -- context parallel, per micro-batch: gather K and V (forward, and recompute), reduce-scatter
+    # their gradients (backward) --------------------------------------------------------------------
+    if layout.cp > 1:
+        link = hw.link(_crosses(layout.cp, t, hw))
+        kv = e * 2 * s * layout.micro_batch * model.kv_width / t  # the gathered keys and values, whole sequence
+        gathers = 2 if layout.recompute == "full" else 1
+        tp_mb += layers * (gathers * ring_time("all_gather", kv, layout.cp, link)
+                           + ring_time("reduce_scatter", kv, layout.cp, link))
+
     slot = compute_mb + tp_mb          # one micro-batch through one stage, forward + backward
     compute = m * compute_mb
     tensor_parallel = m * tp_mb
@@ -116,22 +133,25 @@ def step_time(model: ModelShape, layout: Layout, work: Workload, hw: Hardware, o
     # -- pipeline point-to-point: each boundary sends activations forward and gradients back ------
     p2p = 0.0
     if p > 1:
-        stride = layout.dp * layout.sharding * t
+        stride = layout.dp * layout.sharding * layout.cp * t
         link = hw.link(stride >= hw.gpus_per_node)
-        one = ring_time("p2p", e * tokens_mb * h / t, 2, link)
+        one = ring_time("p2p", boundary_bytes(model, layout, work), 2, link)
         p2p = 2 * (m + (p - 1) * v) * one  # every micro-batch crosses each of this rank's boundaries
 
     # -- data parallel / sharding (FSDP2, fp32) ----------------------------------------------------
     n_stage = max(stage_params(model, layout, 0), stage_params(model, layout, p - 1))
-    grad_bytes = 4 * n_stage
+    pure = layout.amp_level == "O2" and bool(work.amp)
+    gather_bytes = (2 if pure else state_bytes(layout)[0]) * n_stage
+    grad_bytes = (2 if pure and not layout.master_grads else 4) * n_stage
     unit_frac = 1 / max(layers, 1)
     dp_comm = 0.0
-    sh_link = hw.link(_crosses(layout.sharding, t, hw))
-    dp_link = hw.link(_crosses(layout.dp, t * layout.sharding, hw))
-    if layout.sharding > 1:
-        rs = ring_time("reduce_scatter", grad_bytes, layout.sharding, sh_link)
-        ag = ring_time("all_gather", grad_bytes, layout.sharding, sh_link)
-        ar = ring_time("all_reduce", grad_bytes / layout.sharding, layout.dp, dp_link)
+    shard = layout.shard_ranks
+    sh_link = hw.link(_crosses(shard, t, hw))
+    dp_link = hw.link(_crosses(layout.dp, t * shard, hw))
+    if shard > 1:
+        rs = ring_time("reduce_scatter", grad_bytes, shard, sh_link)
+        ag = ring_time("all_gather", gather_bytes, shard, sh_link)
+        ar = ring_time("all_reduce", grad_bytes / shard, layout.dp, dp_link)
         if layout.stage == 3:  # gathered for forward and again for backward, reduced every micro-batch
             per_mb = 2 * ag + rs + ar
             dp_comm = m * _exposed(per_mb, slot, unit_frac, overlap)
@@ -142,7 +162,7 @@ def step_time(model: ModelShape, layout: Layout, work: Workload, hw: Hardware, o
         dp_comm = _exposed(ar, 2 * slot / 3, unit_frac, overlap)
 
     # -- optimizer: AdamW reads params, grads, two moments and writes three (fp32) ---------------
-    optimizer = 28 * n_stage / layout.sharding / (hw.hbm_gbps * 1e9)
+    optimizer = 7 * state_bytes(layout)[0] * n_stage / shard / (hw.hbm_gbps * 1e9)
     return StepTime(compute, tensor_parallel, bubble, p2p, dp_comm, optimizer)
 
 

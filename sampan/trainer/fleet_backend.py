@@ -20,6 +20,7 @@ and ``amp`` feed the strategy's; setting both sides differently is an error.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import warnings
 from pathlib import Path
@@ -145,12 +146,17 @@ class FleetBackend(TrainingBackend):
     def forward_backward(self, micro: list[dict[str, Any]], compute_loss: LossFn, autocast: AutocastFn) -> float:
         """Run this rank's micro-batches of one step as one ``model.forward_backward`` (the pipeline
         schedule or accumulation; ``compute_loss`` is not used); the global mean loss, equal on every rank."""
-        with autocast():
+        with self._autocast(autocast):
             if not all(isinstance(b, dict) for b in micro):
                 raise TypeError("with a strategy, batches must be dicts of tensors (input_ids, labels, ...)")
             batch = {k: torch.cat([b[k] for b in micro]) if isinstance(micro[0][k], torch.Tensor) else micro[0][k]
                      for k in micro[0]}
             return float(self.model.forward_backward(batch))
+
+    def _autocast(self, autocast: AutocastFn):
+        """The Trainer's autocast, except at AMP level O2, where the parameters are bf16 themselves
+        (FSDP2 mixed precision) and autocast would only recast what is already bf16."""
+        return contextlib.nullcontext() if self.strategy.pure_bf16 else autocast()
 
     def clip_gradients(self) -> float:
         """Clip to ``max_grad_norm`` by the norm over every axis (0: only measure); returns the norm."""
@@ -181,7 +187,7 @@ class FleetBackend(TrainingBackend):
         total, count = 0.0, 0.0
         for batch in loader:
             batch = to_device(batch, self.device)
-            with autocast():
+            with self._autocast(autocast):
                 # Every rank passes the same global batch; each runs its share.
                 loss = float(self.model.eval_batch(self.fleet.shard_batch(batch)))
             n = loss_token_count(self.model, batch)

@@ -19,6 +19,7 @@ from torch.distributed.tensor.parallel import (
 from sampan.models.block_plans import gather_body_output, vocab_parallel_head
 from sampan.models.llama.modeling import LlamaForCausalLM, LlamaModel
 from sampan.models.pipeline_parts import PipelineParts
+from sampan.nn.vocab_parallel import VocabParallelEmbedding
 
 TP_PLAN = {
     "*embed_tokens": "vocab",
@@ -63,8 +64,7 @@ def sequence_parallel_plan(model: nn.Module) -> dict[str, object]:
     prefix = f"{body}." if body else ""
     layers = model.model.layers if body else model.layers
     # The embedding's partial lookups are reduce-scattered straight onto sequence shards.
-    plan: dict[str, object] = {f"{prefix}embed_tokens": RowwiseParallel(input_layouts=Replicate(),
-                                                                         output_layouts=Shard(1))}
+    plan: dict[str, object] = {f"{prefix}embed_tokens": VocabParallelEmbedding(Shard(1))}
     for i in range(len(layers)):
         name = f"{prefix}layers.{i}"
         plan[f"{name}.input_layernorm"] = SequenceParallel(use_local_output=True)
