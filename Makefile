@@ -68,6 +68,7 @@ bench: setup-dev
 	$(BIN)/python benchmarks/trainer.py
 	$(BIN)/python benchmarks/hybrid_parallel.py
 	$(BIN)/python benchmarks/planner.py
+	$(BIN)/python benchmarks/scale.py
 	$(BIN)/python benchmarks/to_static.py
 	$(BIN)/python benchmarks/tasks.py --finetune-steps 100
 	$(BIN)/python benchmarks/predictor.py

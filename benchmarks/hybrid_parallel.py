@@ -21,8 +21,8 @@ fleet layout on real gloo process groups (``torchrun``, one thread per rank). Fo
     reduce-scatters;
   - pipeline: one ``b·s·h`` activation forward and one gradient backward per micro-batch and
     stage boundary, plus the tied embedding / head gradient all-reduce between first and last
-    stage; with mp as well, the last stage all-gathers the ``b·s·V`` logits (its loss is not
-    vocabulary-parallel yet).
+    stage (the last stage's loss is vocabulary-parallel, as without a pipeline: only per-token
+    statistics cross the mp ranks).
 
   Here ``Ψ' = Ψ_held / (mp·pp)`` is the parameters of one model slice (``Ψ_held`` counts the tied
   embedding table twice when there are pipeline stages), ``L'`` its layers, ``b`` the
@@ -257,12 +257,6 @@ def closed_form_wire_bytes(layout: Layout, shape: Shape, params: int) -> dict[st
         out["pipeline 2·b·s·h per micro-batch"] = data_ranks * layout.mp * boundaries * 2 * m * bsh
         tied = shape.vocab * shape.hidden * BYTES / layout.mp
         out["tied embedding sync"] = data_ranks * layout.mp * 2 * tied  # a 2-rank all-reduce: 2(n-1)/n = 1 each
-        if layout.mp > 1:
-            # A pipeline's last stage gathers the vocabulary-sharded logits (its loss is not
-            # vocabulary-parallel yet): an all-gather of b·s·V per micro-batch on each of its ranks.
-            n = layout.mp
-            out["pipeline x mp: logits all-gather b·s·V"] = (data_ranks * n * (n - 1) / n * m * b * shape.seq_len
-                                                             * shape.vocab * BYTES)
     return out
 
 

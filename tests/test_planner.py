@@ -487,7 +487,8 @@ def test_stage_layers_follow_fleets_split():
 
 def test_in_flight_states_follow_torchs_interleaved_schedule():
     """Micro-batches in flight per chunk after each forward, against the op list torch's
-    ScheduleInterleaved1F1B builds for every rank (warm-up, 1F1B, cool-down; depth first)."""
+    ScheduleInterleaved1F1B builds for every rank (warm-up, 1F1B, cool-down; depth first); and a
+    chunk's gradients accumulate from its first backward to its last, then are reduced."""
     from types import SimpleNamespace
 
     from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B, _ComputationType
@@ -510,4 +511,19 @@ def test_in_flight_states_follow_torchs_interleaved_schedule():
                             states.add(tuple(counts))
                         else:
                             counts[action.stage_index // p] -= 1
-                    assert set(in_flight_states(p, v, m, rank, "Interleaved1F1B")) == states, (p, v, m, rank)
+                    after_forwards = {counts for when, counts, _ in in_flight_states(p, v, m, rank, "Interleaved1F1B")
+                                      if when == 0}
+                    assert after_forwards == states, (p, v, m, rank)
+
+
+def test_a_chunks_gradients_live_from_its_first_backward_to_its_last():
+    from sampan.planner.memory import in_flight_states
+
+    # 1F1B, 4 micro-batches on rank 0 of 2 stages: F F B F B F B B; gradients from the first B on,
+    # reduced after the fourth.
+    states = in_flight_states(2, 1, 4, 0, "1F1B")
+    assert (0, (2,), (0,)) in states and (1, (2,), (0,)) in states  # the warm-up peak, no gradients yet
+    assert (0, (2,), (1,)) in states  # a forward beside the accumulated gradients: the steady-state peak
+    assert all(phases != (2,) for _, _, phases in states)  # reduced only after the last backward starts
+    gpipe = in_flight_states(2, 1, 3, 0, "GPipe")
+    assert max(counts[0] for _, counts, phases in gpipe if phases == (1,)) == 2  # one backward done

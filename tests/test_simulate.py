@@ -132,3 +132,31 @@ def test_simulated_state_bytes_equal_a_real_8_rank_run(layout, tmp_path):
             assert sim[key] == pytest.approx(held[key], rel=0.02), (rank, key)
     if parsed.hybrid_configs.pp_degree > 1:  # the stages hold different amounts (embedding vs norm and head)
         assert simulated[0]["params"] != simulated[1]["params"]
+
+
+def test_committed_simulations_agree_with_the_planner():
+    """benchmarks/results/scale.json holds `sampan simulate` runs of today's 100B+ layouts; the
+    planner's memory model, as it is now, must price every simulated rank within 5%, and Llama 3
+    405B at Meta's layout must fit 80 GB with sequence parallel, O2 and full recompute."""
+    import importlib.util
+
+    from sampan.planner.layout import Workload, parse_fix
+    from sampan.planner.memory import _stage_memory
+    from sampan.planner.model_shape import load_model
+
+    spec = importlib.util.spec_from_file_location("scale_bench", ROOT / "benchmarks" / "scale.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    results = json.loads((ROOT / "benchmarks" / "results" / "scale.json").read_text())["layouts"]
+    assert set(results) == set(bench.LAYOUTS)
+    for name, (model, gpus, fix, seq, batch, _) in bench.LAYOUTS.items():
+        work = Workload(seq, batch, "bf16")
+        layout = parse_fix(fix, gpus, work)
+        shape = load_model(model)
+        for rank in results[name]["ranks"]:
+            planned = _stage_memory(shape, layout, work, rank["pipeline_rank"])
+            ratio = rank["simulated"]["total"] / (planned.total - planned.reserved)
+            assert abs(ratio - 1) <= 0.05, (name, rank["rank"], ratio)
+    features = results["llama3-405b-meta-features"]
+    assert features["fits_80gb"] and features["worst_needs_gb"] < 80
+    assert not results["llama3-405b-meta-full"]["fits_80gb"]  # without the features it does not

@@ -179,43 +179,70 @@ def block_input_alias_bytes(model: ModelShape, layout: Layout, work: Workload, r
 
 
 @functools.lru_cache(maxsize=65536)
-def in_flight_states(pp: int, vpp: int, num_micro: int, rank: int, schedule: str) -> tuple[tuple[int, ...], ...]:
-    """How many micro-batches await backward on each of pipeline rank ``rank``'s chunks, after each
-    forward of a step (where the activation peaks are), as torch's schedules order their work.
+def in_flight_states(pp: int, vpp: int, num_micro: int, rank: int,
+                     schedule: str) -> tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...]:
+    """The moments of a step where pipeline rank ``rank``'s memory can peak, as torch's schedules
+    order its work: after each forward (moment 0) and as each backward starts (moment 1), how many
+    micro-batches await backward on each of the rank's chunks, and where each chunk's gradients
+    are: 0 before its first backward, 1 accumulating (unsharded, from its first backward to its
+    last), 2 reduced into the sharded gradients (torch reduces a chunk as soon as its last
+    backward has run; measured on gloo).
 
-    GPipe runs every forward first; 1F1B warms up with ``pp - rank`` forwards, then alternates one
-    forward and one backward. Interleaved 1F1B (torch's ``ScheduleInterleaved1F1B``) warms up with
+    Without a pipeline micro-batches run one after the other. GPipe runs every forward first.
+    1F1B warms up with ``min(m, pp - rank)`` forwards, then alternates one backward and one
+    forward. Interleaved 1F1B (torch's ``ScheduleInterleaved1F1B``) warms up with
     ``(vpp - 1) x micro-batches-per-round + 2 (pp - 1 - rank)`` forwards, filling its chunks in order
-    (depth first), then alternates; its backwards run the chunks in reverse order. Which chunk holds
-    the micro-batches in flight matters: the chunks hold different layer counts, and only the last
-    sends nothing on. Torch-free, so planning stays fast; cached, since the search asks often.
+    (depth first), then alternates one forward and one backward, running the chunks' backwards in
+    reverse order. Which chunk holds the micro-batches in flight matters (the chunks hold different
+    layer counts, and the last sends nothing on), and so does whether a backward has run: with
+    every forward in the warm-up (a step of few micro-batches) the activation peak comes before any
+    gradient exists. Torch-free, so planning stays fast; cached, since the search asks often.
     """
     p, v, m = pp, vpp, num_micro
-    if p == 1:
-        return ((1,),)
-    if schedule == "GPipe":
-        return ((m,),)
-    if v == 1:
-        return ((min(m, p - rank),),)
-    rounds = max(1, m // p)
-    per_round = m // rounds
-    total = m * v
-    warmup = min((v - 1) * per_round + 2 * (p - 1 - rank), total)
-    counts = [0] * v
+    counts, backwards = [0] * v, [0] * v
     states = []
 
-    def forward(step: int) -> None:
-        counts[(step // per_round) % v] += 1
-        states.append(tuple(counts))
+    def state(moment: int) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+        return moment, tuple(counts), tuple(0 if b == 0 else 1 if b < m else 2 for b in backwards)
 
-    def backward(step: int) -> None:
-        counts[v - 1 - (step // per_round) % v] -= 1
+    def forward(chunk: int) -> None:
+        counts[chunk] += 1
+        states.append(state(0))
 
-    for step in range(warmup):
-        forward(step)
-    for step in range(total - warmup):  # steady state: one forward, then one backward
-        forward(warmup + step)
-        backward(step)
+    def backward(chunk: int) -> None:
+        states.append(state(1))  # as it starts: its micro-batch's activations are all still there
+        counts[chunk] -= 1
+        backwards[chunk] += 1
+
+    if p == 1:
+        for _ in range(m):
+            forward(0)
+            backward(0)
+    elif schedule == "GPipe":
+        for _ in range(m):
+            forward(0)
+        for _ in range(m):
+            backward(0)
+    elif v == 1:
+        warmup = min(m, p - rank)
+        for _ in range(warmup):
+            forward(0)
+        for step in range(m):
+            backward(0)
+            if warmup + step < m:
+                forward(0)
+    else:
+        rounds = max(1, m // p)
+        per_round = m // rounds
+        total = m * v
+        warmup = min((v - 1) * per_round + 2 * (p - 1 - rank), total)
+        for step in range(warmup):
+            forward((step // per_round) % v)
+        for step in range(total - warmup):  # steady state: one forward, then one backward
+            forward(((warmup + step) // per_round) % v)
+            backward(v - 1 - (step // per_round) % v)
+        for step in range(total - warmup, total):  # cool-down: the backwards left
+            backward(v - 1 - (step // per_round) % v)
     return tuple(set(states))
 
 
@@ -257,27 +284,63 @@ def memory(model: ModelShape, layout: Layout, work: Workload) -> Memory:
     return best
 
 
-def _in_flight_bytes(model: ModelShape, layout: Layout, work: Workload, stage: int) -> float:
-    """The activations rank ``stage``'s chunks keep at the schedule's peak: per micro-batch in flight
-    on a chunk, every block's kept bytes, less the first block's input where that is the receive
-    buffer (counted there), plus the chunk's output, kept for its backward besides being sent on; the
-    model's last chunk keeps the head's instead, and a forward through it peaks at its loss
-    (:func:`loss_transient_bytes`)."""
+def chunk_params(model: ModelShape, layout: Layout, chunk: int) -> float:
+    """Parameters of pipeline chunk ``chunk`` (of ``pp x vpp``) on one tensor-parallel rank."""
+    chunks = layout.pp * layout.vpp
+    base, extra = divmod(model.layers, chunks)
+    vocab = model.padded_vocab(layout.mp)
+    total = (base + (chunk < extra)) * model.layer_params_per_mp(layout.mp)
+    if chunk == 0:
+        total += vocab * model.hidden / layout.mp + model.learned_positions * model.hidden
+    if chunk == chunks - 1:
+        total += model.norm_params + model.extra_params
+        if not model.tied or layout.pp > 1:
+            total += vocab * model.hidden / layout.mp
+    return total
+
+
+def _in_flight_bytes(model: ModelShape, layout: Layout, work: Workload, stage: int, grad_bytes: float,
+                     reduced_bytes: float, backward_bytes: float) -> float:
+    """The activations and accumulated gradients rank ``stage`` holds at its fullest moment of the step.
+
+    Activations: per micro-batch in flight on a chunk, every block's kept bytes, less the first
+    block's input where that is the receive buffer (counted there), plus the chunk's output, kept
+    for its backward besides being sent on; the model's last chunk keeps the head's instead, and a
+    forward through it peaks at its loss (:func:`loss_transient_bytes`). Gradients: ``grad_bytes``
+    per parameter of each chunk between its first and last backward (unsharded gradients
+    accumulating over the step's micro-batches; 0 when they are reduced at once), ``reduced_bytes``
+    per parameter of each chunk already reduced (its sharded gradients)."""
     chunks = layout.pp * layout.vpp
     base, extra = divmod(model.layers, chunks)
     per_layer = layer_activation_bytes(model, layout, work, layout.recompute)
     alias = block_input_alias_bytes(model, layout, work, layout.recompute) if layout.pp > 1 else 0.0
+    moment = (0.0, backward_bytes)
     bnd = boundary_bytes(model, layout, work)
-    weights, last = [], None
+    weights, params, last = [], [], None
     for k, c in enumerate(range(stage, chunks, layout.pp)):
         layers = base + (c < extra)
         out = head_activation_bytes(model, layout, work) if c == chunks - 1 else bnd
         weights.append(layers * per_layer - (c != 0) * alias + out)
+        params.append(chunk_params(model, layout, c))
         last = k if c == chunks - 1 else last
     transient = loss_transient_bytes(model, layout, work)
     states = in_flight_states(layout.pp, layout.vpp, layout.num_micro, stage, layout.schedule)
-    return max(sum(n * w for n, w in zip(state, weights, strict=True))
-               + (transient if last is not None and state[last] else 0.0) for state in states)
+    per_phase = (0.0, grad_bytes, reduced_bytes)
+    return max(sum(n * w + per_phase[phase] * q for n, phase, w, q in zip(counts, phases, weights, params, strict=True))
+               + (transient if when == 0 and last is not None and counts[last] else moment[when])
+               for when, counts, phases in states)
+
+
+def context_mask_bytes(layout: Layout, work: Workload) -> float:
+    """Context parallel's attention masks on the context rank that holds the most (rank 0): a bool
+    mask of which keys each of its queries sees, ``c x c`` for its early chunk and ``c x s`` for its
+    late one (``c = s / 2 cp``), kept for the step, and the additive copy of the one in use that
+    attention makes (bf16 under AMP)."""
+    if layout.cp == 1:
+        return 0.0
+    c = work.seq_len / (2 * layout.cp)
+    elements = c * c + c * work.seq_len
+    return elements * (1 + (2 if work.amp else 4))
 
 
 def loss_transient_bytes(model: ModelShape, layout: Layout, work: Workload) -> float:
@@ -296,26 +359,31 @@ def _stage_memory(model: ModelShape, layout: Layout, work: Workload, stage: int)
     shard = layout.shard_ranks
     p_bytes, g_bytes, o_bytes = state_bytes(layout)
     params, grads, optim = p_bytes * n / shard, g_bytes * n / shard, o_bytes * n / shard
-    acts = _in_flight_bytes(model, layout, work, stage)
-    per_layer = layer_activation_bytes(model, layout, work, layout.recompute)
-    if layout.recompute != "none":  # backward rebuilds one block's full activations at a time
-        acts += layer_activation_bytes(model, layout, work, "none") - per_layer
-    buffers = receive_buffer_bytes(model, layout, work, stage)
     b = _Bytes.of(layout, work)
+    buffers = receive_buffer_bytes(model, layout, work, stage) + context_mask_bytes(layout, work)
     if b.autocast:  # autocast's bf16 copies of the weights, cached for the step and saved by the matmuls
         buffers += 2 * n
     unit = model.layer_params_per_mp(layout.mp)  # one FSDP unit (a block), unsharded
+    accumulating = reduced = 0.0  # bytes per parameter of unsharded gradients accumulating, and once reduced
     if layout.fsdp:
         gathered = 2 if b.residual == 2 else p_bytes   # O2 gathers bf16 copies; O1 the fp32 parameters
-        accumulated = 2 if (b.residual == 2 and not layout.master_grads) else 4
         if layout.stage == 3:  # one block gathered, the next prefetched; one block's gradient before reduce-scatter
             buffers += 3 * gathered * unit
         elif layout.num_micro > 1:
             # Parameters stay gathered from forward to backward and gradients accumulate unsharded
-            # until the step's last backward; only then are they reduced into the sharded gradients,
-            # which therefore never exist beside them (counting both overstated GPT-3 175B at
-            # t8 x p16 x d8 by 5.8 GB a rank: sampan simulate).
-            buffers += gathered * n + accumulated * n - grads
+            # from each chunk's first backward to the step's last; only then are they reduced into
+            # the sharded gradients, which therefore never exist beside them (counting both
+            # overstated GPT-3 175B at t8 x p16 x d8 by 5.8 GB a rank: sampan simulate).
+            accumulating = 2 if (b.residual == 2 and not layout.master_grads) else 4
+            reduced = g_bytes / shard
+            buffers += gathered * n - grads
         else:  # parameters stay gathered from forward to backward; one block's gradient before reduction
             buffers += gathered * n + gathered * unit
+    # As a block's backward runs: its weights' fresh gradients (bf16 under AMP, plus the fp32 cast
+    # for autocast's fp32 parameters) and, with recompute, its rebuilt activations.
+    backward = unit * ((2 + 4 * b.autocast) if work.amp else 4)
+    if layout.recompute != "none":
+        backward += (layer_activation_bytes(model, layout, work, "none")
+                     - layer_activation_bytes(model, layout, work, layout.recompute))
+    acts = _in_flight_bytes(model, layout, work, stage, accumulating, reduced, backward)
     return Memory(params, grads, optim, acts, buffers, RESERVED_BYTES, stage)
