@@ -70,6 +70,23 @@ def test_a_bad_layout_is_one_line(argv, message):
 
 
 @pytest.mark.timeout(180)
+def test_a_hugging_face_config_json_is_a_model(tmp_path):
+    """--model takes a Hugging Face config.json (a Qwen2 shape at test size), as `sampan plan` does."""
+    from transformers import Qwen2Config
+
+    Qwen2Config(vocab_size=1024, hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=512).save_pretrained(tmp_path)
+    code, out, err = _run(["simulate", "--model", str(tmp_path / "config.json"), "--gpus", "4", "--fix",
+                           "mp=2,pp=2,sp=true,amp=O2", "--seq-len", "64", "--global-batch", "4", "--json"])
+    assert code == 0, err[-3000:]
+    report = json.loads(out)
+    assert report["label"] == "dp1 sh1 pp2 mp2+sp O2" and len(report["ranks"]) == 2
+    for row in report["ranks"]:
+        assert row["ratio"]["params"] == pytest.approx(1.0, abs=1e-3)
+        assert row["ratio"]["total"] == pytest.approx(1.0, abs=0.05)
+
+
+@pytest.mark.timeout(180)
 def test_a_small_simulation_reports_state_exactly_as_planned():
     """dp2 x mp2 on 4 fake ranks: model state per rank is what the planner's closed forms say."""
     code, out, err = _run(["simulate", "--model", "gpt-tiny", "--gpus", "4", "--fix", "mp=2,micro_batch=2",

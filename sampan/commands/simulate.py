@@ -25,7 +25,8 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
 
     what = parser.add_argument_group("model and workload")
     what.add_argument("--model", required=True,
-                      help="a name from `sampan models` (gpt-175b, llama3-405b, llama3-8b, gpt-tiny, ...)")
+                      help="a name from `sampan models` (gpt-175b, llama3-405b, llama3-8b, gpt-tiny, ...) or a config "
+                           "file: a Hugging Face config.json (Llama / Qwen2 / Qwen3), sampan's config.json, a run file")
     what.add_argument("--gpus", type=int, required=True, help="world size: the ranks of the layout (e.g. 1024)")
     what.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence (default: 2048)")
     what.add_argument("--global-batch", type=int, default=1536, help="sequences per optimizer step (default: 1536)")
@@ -138,9 +139,9 @@ def _ratio(a: float, b: float) -> float | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sampan.models.registry import get_config
+    from sampan.models.registry import list_models
     from sampan.planner.layout import Workload, parse_fix
-    from sampan.planner.model_shape import load_model
+    from sampan.planner.model_shape import load_config, shape_from_config
 
     if (args.fix is None) == (args.strategy is None):
         raise ValueError("give the layout with --fix dp=..,mp=..,pp=.. or --strategy JSON_OR_FILE (one of them)")
@@ -150,8 +151,9 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"{flag} must be >= 1, got {value}")
     amp = not args.fp32
     work = Workload(args.seq_len, args.global_batch, "bf16" if amp else None)
-    config = get_config(args.model)
-    shape = load_model(args.model)
+    name, config = load_config(args.model)
+    registered = args.model in list_models()
+    shape = shape_from_config(name, config, registered=args.model if registered else None)
     from sampan.distributed.strategy import DistributedStrategy
 
     if args.fix is not None:
@@ -189,7 +191,8 @@ def run(args: argparse.Namespace) -> int:
     from sampan.distributed.simulate import simulate
 
     start = time.perf_counter()
-    results = simulate(args.model, strategy, args.gpus, args.global_batch, args.seq_len, ranks=args.rank,
+    results = simulate(args.model if registered else config.to_dict(), strategy, args.gpus, args.global_batch,
+                       args.seq_len, ranks=args.rank,
                        stages=args.stages, num_micro=args.num_micro, amp=amp, processes=args.processes,
                        model_overrides=overrides or None)
     wall = time.perf_counter() - start
@@ -206,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
                      "collectives": res["collectives"], "notes": res["notes"]})
     worst = max(rows, key=lambda r: r["simulated_bytes"]["total"])
     need = worst["simulated_bytes"]["total"] + worst["planned_bytes"]["reserved"]
-    report = {"model": args.model, "parameters": config.num_parameters(), "gpus": args.gpus,
+    report = {"model": name, "parameters": config.num_parameters(), "gpus": args.gpus,
               "layout": layout.to_dict(), "label": layout.label(), "seq_len": args.seq_len,
               "global_batch": args.global_batch, "amp": "bf16" if amp else None, "model_overrides": overrides,
               "ranks": rows, "worst_rank": worst["rank"], "worst_needs_bytes": need,

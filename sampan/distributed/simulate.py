@@ -323,7 +323,7 @@ def _autocast(amp: bool):
     return torch.autocast("cpu", dtype=torch.bfloat16) if amp else contextlib.nullcontext()
 
 
-def simulate_rank(model_name: str | Any, strategy: DistributedStrategy, world_size: int, rank: int,
+def simulate_rank(model_name: str | dict[str, Any] | Any, strategy: DistributedStrategy, world_size: int, rank: int,
                   global_batch: int, seq_len: int, num_micro: int | None = None,
                   amp: bool = True, model_overrides: dict[str, Any] | None = None) -> RankResult:
     """One training step of ``rank`` of ``world_size`` under ``strategy``, on fake tensors.
@@ -361,10 +361,7 @@ def simulate_rank(model_name: str | Any, strategy: DistributedStrategy, world_si
         front = _FakeFront()
         mode = CountingFakeMode(allow_non_fake_inputs=True)
         with mode.counting(), front:
-            if isinstance(model_name, str):
-                model = sampan.models.create(model_name, **(model_overrides or {}))
-            else:
-                model = sampan.models.create(model_name)
+            model = sampan.models.create(_model_config(model_name), **(model_overrides or {}))
             config = model.config
             optimizer = sampan.optimizer.AdamW(learning_rate=1e-4, parameters=model.parameters(),
                                                grad_clip=sampan.nn.ClipGradByGlobalNorm(1.0))
@@ -434,6 +431,18 @@ def simulate_rank(model_name: str | Any, strategy: DistributedStrategy, world_si
                       time.perf_counter() - start, notes, breakdown)
 
 
+def _model_config(model: str | dict[str, Any] | Any):
+    """A registered name as it is; a config's dict (what crosses to a worker process) as its config."""
+    if isinstance(model, dict):
+        from sampan.models.registry import FAMILIES
+
+        model_type = model.get("model_type")
+        if model_type not in FAMILIES:
+            raise ValueError(f"config model_type {model_type!r} is none of sampan's families {sorted(FAMILIES)}")
+        return FAMILIES[model_type].config_class.from_dict(model)
+    return model
+
+
 def simulation_ranks(degrees: dict[str, int], which: str = "ends") -> list[int]:
     """The ranks to simulate: one per pipeline stage (``"all"``) or the first and last (``"ends"``),
     each at dp = sharding = mp coordinate 0 (ranks of one stage hold the same amounts)."""
@@ -454,11 +463,13 @@ def _rank_job(job: dict[str, Any]) -> dict[str, Any]:
     return simulate_rank(strategy=strategy, **job).to_dict()
 
 
-def simulate(model_name: str, strategy: DistributedStrategy, world_size: int, global_batch: int, seq_len: int,
-             ranks: list[int] | None = None, stages: str = "ends", num_micro: int | None = None, amp: bool = True,
-             processes: int = 2, model_overrides: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def simulate(model_name: str | dict[str, Any], strategy: DistributedStrategy, world_size: int, global_batch: int,
+             seq_len: int, ranks: list[int] | None = None, stages: str = "ends", num_micro: int | None = None,
+             amp: bool = True, processes: int = 2,
+             model_overrides: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """:func:`simulate_rank` for each of ``ranks`` (default :func:`simulation_ranks`), each in a fresh
     process (a fake group, its meshes and their caches belong to one process), ``processes`` at a time.
+    ``model_name``: a registered name, or a config's ``to_dict()``.
     Returns each rank's :meth:`RankResult.to_dict`. The workers are spawned, so a script calling this
     needs an ``if __name__ == "__main__":`` guard."""
     import multiprocessing

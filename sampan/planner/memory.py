@@ -43,7 +43,11 @@ def state_bytes(layout: Layout) -> tuple[int, int, int]:
 
 @dataclasses.dataclass(frozen=True)
 class Memory:
-    """Bytes on one GPU of the fullest pipeline stage."""
+    """Bytes on one GPU of the fullest pipeline stage: the model state at rest (``params``,
+    ``grads``, ``optimizer``), ``buffers`` (working copies and receive buffers held through the
+    step) and ``activations``: the rest of the fullest moment of the step, whose unsharded
+    gradients, when micro-batches accumulate them, take the place of ``grads`` (they are reduced
+    into it only after the last backward)."""
 
     params: float
     grads: float
@@ -314,21 +318,38 @@ def _in_flight_bytes(model: ModelShape, layout: Layout, work: Workload, stage: i
     base, extra = divmod(model.layers, chunks)
     per_layer = layer_activation_bytes(model, layout, work, layout.recompute)
     alias = block_input_alias_bytes(model, layout, work, layout.recompute) if layout.pp > 1 else 0.0
-    moment = (0.0, backward_bytes)
     bnd = boundary_bytes(model, layout, work)
-    weights, params, last = [], [], None
-    for k, c in enumerate(range(stage, chunks, layout.pp)):
+    weights, params = [], []
+    for c in range(stage, chunks, layout.pp):
         layers = base + (c < extra)
         out = head_activation_bytes(model, layout, work) if c == chunks - 1 else bnd
         weights.append(layers * per_layer - (c != 0) * alias + out)
         params.append(chunk_params(model, layout, c))
-        last = k if c == chunks - 1 else last
-    transient = loss_transient_bytes(model, layout, work)
-    states = in_flight_states(layout.pp, layout.vpp, layout.num_micro, stage, layout.schedule)
-    per_phase = (0.0, grad_bytes, reduced_bytes)
-    return max(sum(n * w + per_phase[phase] * q for n, phase, w, q in zip(counts, phases, weights, params, strict=True))
-               + (transient if when == 0 and last is not None and counts[last] else moment[when])
-               for when, counts, phases in states)
+    # A candidate moment is a vector of what it holds, per chunk: micro-batches in flight,
+    # accumulating gradients, reduced gradients; then a forward's loss, a backward's working set.
+    coefficients = (*weights, *(grad_bytes * q for q in params), *(reduced_bytes * q for q in params),
+                    loss_transient_bytes(model, layout, work), backward_bytes)
+    candidates = peak_candidates(layout.pp, layout.vpp, layout.num_micro, stage, layout.schedule)
+    return max(sum(x * c for x, c in zip(vector, coefficients, strict=True)) for vector in candidates)
+
+
+@functools.lru_cache(maxsize=65536)
+def peak_candidates(pp: int, vpp: int, num_micro: int, rank: int, schedule: str) -> tuple[tuple[int, ...], ...]:
+    """:func:`in_flight_states` as vectors (per chunk: micro-batches in flight, gradients
+    accumulating (0 / 1), gradients reduced (0 / 1); then "a forward through the model's last chunk"
+    and "a backward starting"), keeping only those no other one holds at least as much of in every
+    entry: memory is a sum of these with non-negative weights, so its largest value is among them."""
+    last = rank == pp - 1  # the rank holding the model's last chunk (its own last chunk)
+    vectors = set()
+    for when, counts, phases in in_flight_states(pp, vpp, num_micro, rank, schedule):
+        vectors.add((*counts, *(int(p == 1) for p in phases), *(int(p == 2) for p in phases),
+                     int(when == 0 and last and counts[-1] > 0), int(when == 1)))
+    ordered = sorted(vectors, key=sum, reverse=True)
+    kept: list[tuple[int, ...]] = []
+    for vector in ordered:
+        if not any(all(a >= b for a, b in zip(other, vector, strict=True)) for other in kept):
+            kept.append(vector)
+    return tuple(kept)
 
 
 def context_mask_bytes(layout: Layout, work: Workload) -> float:
@@ -376,7 +397,7 @@ def _stage_memory(model: ModelShape, layout: Layout, work: Workload, stage: int)
             # overstated GPT-3 175B at t8 x p16 x d8 by 5.8 GB a rank: sampan simulate).
             accumulating = 2 if (b.residual == 2 and not layout.master_grads) else 4
             reduced = g_bytes / shard
-            buffers += gathered * n - grads
+            buffers += gathered * n
         else:  # parameters stay gathered from forward to backward; one block's gradient before reduction
             buffers += gathered * n + gathered * unit
     # As a block's backward runs: its weights' fresh gradients (bf16 under AMP, plus the fp32 cast
@@ -386,4 +407,6 @@ def _stage_memory(model: ModelShape, layout: Layout, work: Workload, stage: int)
         backward += (layer_activation_bytes(model, layout, work, "none")
                      - layer_activation_bytes(model, layout, work, layout.recompute))
     acts = _in_flight_bytes(model, layout, work, stage, accumulating, reduced, backward)
+    if accumulating:  # the moments priced hold their gradients (accumulating or reduced) themselves
+        acts -= grads
     return Memory(params, grads, optim, acts, buffers, RESERVED_BYTES, stage)

@@ -325,17 +325,13 @@ def _config_from_hf(data: Mapping[str, Any], path: Path):
         raise ValueError(f"config {path}: {err}") from err
 
 
-def load_model(spec: str | None = None, shape: str | None = None) -> ModelShape:
-    """A model by registry name, by config file (sampan's or Hugging Face's config.json, a run file
-    .toml / .yaml), or by inline shape. Imports no torch (except for a YAML file)."""
-    if (spec is None) == (shape is None):
-        raise ValueError("give exactly one of --model (a name from `sampan models` or a config file) or --model-shape")
-    if shape is not None:
-        return parse_shape(shape)
+def load_config(spec: str) -> tuple[str, Any]:
+    """``(name, config)`` of a registered model name or a config file (sampan's or Hugging Face's
+    config.json, a run file .toml / .yaml). Imports no torch (except for a YAML file)."""
     from sampan.models.registry import FAMILIES, get_config, list_models
 
     if spec in list_models():
-        return shape_from_config(spec, get_config(spec), registered=spec)
+        return spec, get_config(spec)
     path = Path(spec)
     if not path.is_file():
         raise ValueError(f"--model {spec!r} is neither a model name ({', '.join(list_models())}) nor a config file")
@@ -354,4 +350,17 @@ def load_model(spec: str | None = None, shape: str | None = None) -> ModelShape:
     else:
         config = _config_from_hf(data, path)
     # save_pretrained's files are all called config.json: name the model by its directory then
-    return shape_from_config(base or (path.parent.name if path.stem == "config" else path.stem), config)
+    return base or (path.parent.name if path.stem == "config" else path.stem), config
+
+
+def load_model(spec: str | None = None, shape: str | None = None) -> ModelShape:
+    """A model by registry name, by config file (sampan's or Hugging Face's config.json, a run file
+    .toml / .yaml), or by inline shape. Imports no torch (except for a YAML file)."""
+    if (spec is None) == (shape is None):
+        raise ValueError("give exactly one of --model (a name from `sampan models` or a config file) or --model-shape")
+    if shape is not None:
+        return parse_shape(shape)
+    from sampan.models.registry import list_models
+
+    name, config = load_config(spec)
+    return shape_from_config(name, config, registered=spec if spec in list_models() else None)
