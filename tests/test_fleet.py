@@ -72,6 +72,7 @@ CASES = {
     "cp4": (4, ["--cp", "4"]),
     "cp2xpp2": (4, ["--cp", "2", "--pp", "2", "--accumulate", "2"]),
     "sharding2xcp2-stage3": (4, ["--sharding", "2", "--cp", "2", "--stage", "3"]),
+    "dp2xcp2-accumulate2": (4, ["--dp", "2", "--cp", "2", "--accumulate", "2"]),
 }
 
 
@@ -79,7 +80,7 @@ CASES = {
 # every layout the issue names. The Llama family (GQA with KV heads split over mp, q / k / v bias,
 # per-head q / k norm, tied head) runs each kind of split once.
 GPT_ONLY = {"dp2-accumulate2", "dp2xsharding2-stage3", "dp2xmp2-sequence-parallel", "dp2xpp2", "cp2xpp2",
-            "sharding2xcp2-stage3", "cp4"}
+            "sharding2xcp2-stage3", "cp4", "dp2xcp2-accumulate2"}
 LLAMA = {"mp2", "mp2-sequence-parallel", "sharding2-stage3", "pp2-1F1B", "mp2xpp2", "dp2xmp2",
          "mp2xpp2-sequence-parallel", "cp2", "cp2xpp2", "cp4"}
 FAMILY_CASES = ([(case, family) for case in sorted(CASES) for family in ("gpt", "ernie")
