@@ -111,7 +111,7 @@ def _train_windows(output_dir: Path) -> list[dict[str, Any]]:
 
 def _layout(args: dict[str, Any], saved: dict[str, Any]) -> tuple[Layout, int]:
     strategy = args.get("strategy") or {}
-    degrees = saved.get("degrees") or {"dp": 1, "sharding": 1, "pp": 1, "mp": 1}
+    degrees = saved.get("degrees") or {"dp": 1, "sharding": 1, "pp": 1, "cp": 1, "mp": 1}
     world = int(saved.get("world_size") or math.prod(degrees.values()))
     sharding = strategy.get("sharding_configs") or {}
     pipe = strategy.get("pipeline_configs") or {}
@@ -122,10 +122,14 @@ def _layout(args: dict[str, Any], saved: dict[str, Any]) -> tuple[Layout, int]:
     if vpp < 2 and schedule == "Interleaved1F1B":
         schedule = "1F1B"
     recompute = args.get("recompute") or strategy.get("recompute") or "none"
+    amp = strategy.get("amp_configs") or {}
     layout = Layout(dp=int(degrees["dp"]), mp=int(degrees["mp"]), pp=pp, sharding=int(degrees["sharding"]),
                     stage=int(sharding.get("stage", 1)), micro_batch=int(args["per_device_train_batch_size"]),
                     num_micro=int(args.get("gradient_accumulation_steps", 1)), recompute=str(recompute),
-                    schedule=schedule, vpp=vpp, sp=bool(tp.get("sequence_parallel", False)))
+                    schedule=schedule, vpp=vpp, sp=bool(tp.get("sequence_parallel", False)),
+                    cp=int(degrees.get("cp", 1)), amp_level=str(amp.get("level", "O1")),
+                    master_weights=bool(amp.get("use_master_weight", True)),
+                    master_grads=bool(amp.get("use_master_grad", True)))
     return layout, world
 
 
