@@ -36,7 +36,7 @@ STYLES = ("colwise", "rowwise", "vocab", "shared_input", "head_norm")
 HEAD_DIM = 2  # [batch, seq, heads, head_dim]
 
 
-def _style(kind: str, module: nn.Module, name: str, sharded_logits: bool = True):
+def _style(kind: str, module: nn.Module, name: str):
     if kind == "colwise":
         return ColwiseParallel()
     if kind == "rowwise":
@@ -48,16 +48,13 @@ def _style(kind: str, module: nn.Module, name: str, sharded_logits: bool = True)
         # embeddings are summed (all-reduce) into a replicated output.
         return VocabParallelEmbedding(Replicate())
     if isinstance(module, nn.Linear):
-        if not sharded_logits:
-            # Pipeline stages pass plain tensors: gather the logits (no parallel cross-entropy).
-            return ColwiseParallel(output_layouts=Replicate())
         # Logits stay sharded over the vocabulary (a DTensor) for the parallel cross-entropy.
         return ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
     raise ValueError(f"style 'vocab' needs an nn.Embedding or nn.Linear, but {name} is a {type(module).__name__}")
 
 
 def resolve_plan(model: nn.Module, plan: dict[str, str], require_match: bool = True,
-                 sharded_logits: bool = True, match_names: Mapping[str, str] | None = None) -> dict[str, object]:
+                 match_names: Mapping[str, str] | None = None) -> dict[str, object]:
     """Match ``plan``'s patterns against ``model``'s module names.
 
     Every pattern must match something unless ``require_match`` is False (a pipeline stage holds
@@ -67,7 +64,7 @@ def resolve_plan(model: nn.Module, plan: dict[str, str], require_match: bool = T
     resolved: dict[str, object] = {}
     for name, kind, module in _matches(model, plan, require_match, match_names):
         if kind != "shared_input":
-            resolved[name] = _style(kind, module, name, sharded_logits)
+            resolved[name] = _style(kind, module, name)
     return resolved
 
 
@@ -103,7 +100,7 @@ def uses_loss_parallel(model: nn.Module, plan: dict[str, str]) -> bool:
 
 
 def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, plan: dict[str, str], require_match: bool = True,
-                          sharded_logits: bool = True, match_names: Mapping[str, str] | None = None) -> nn.Module:
+                          match_names: Mapping[str, str] | None = None) -> nn.Module:
     """Shard ``model`` in place over the 1-D ``mesh`` as ``plan`` says; tied weights are re-tied."""
     if hasattr(model, "config"):
         for field in ("num_heads", "num_kv_heads"):
@@ -111,7 +108,7 @@ def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, plan: dict[str, st
             if heads is not None and heads % mesh.size():
                 raise ValueError(f"mp_degree {mesh.size()} does not divide the model's {heads} {field} "
                                  "(each tensor-parallel rank holds whole heads)")
-    parallelize_module(model, mesh, resolve_plan(model, plan, require_match, sharded_logits, match_names))
+    parallelize_module(model, mesh, resolve_plan(model, plan, require_match, match_names))
     for _, kind, module in _matches(model, plan, require_match, match_names):
         if kind == "shared_input":
             _share_first_input(module, mesh)
