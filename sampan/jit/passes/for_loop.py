@@ -20,6 +20,8 @@ import ast
 from sampan.jit.passes.base import PassContext, jst_call, template
 
 PRELUDE_ATTR = "_jst_prelude"
+# The iterator of the loop a `for` became: the while_loop pass passes its bound() to _jst.While.
+ITER_ATTR = "_jst_iter"
 
 
 class _ForLoop(ast.NodeTransformer):
@@ -43,6 +45,7 @@ class _ForLoop(ast.NodeTransformer):
             BODY=node.body,
         )
         setattr(stmts[-1], PRELUDE_ATTR, 2)
+        setattr(stmts[-1], ITER_ATTR, it)
         return stmts
 
 

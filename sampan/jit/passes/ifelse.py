@@ -34,6 +34,7 @@ from sampan.jit.passes.base import (
     PassContext,
     assigned_names,
     contains,
+    loop_iterators,
     names_tuple,
     out_of_place,
     strings_tuple,
@@ -81,7 +82,8 @@ class _IfElse(ast.NodeTransformer):
         if contains(node.body + node.orelse, (ast.Return,)):
             raise self.ctx.error(node, "a 'return' inside this 'if' could not be moved out of it",
                                  "Assign the result to a variable and return it after the 'if'.")
-        in_body, in_else = assigned_names(node.body), assigned_names(node.orelse)
+        inner = loop_iterators(node.body + node.orelse)
+        in_body, in_else = assigned_names(node.body) - inner, assigned_names(node.orelse) - inner
         names = sorted(in_body | in_else)
         self.ctx.carried.update(names)
         true_fn, false_fn = self.ctx.fresh("true"), self.ctx.fresh("false")
