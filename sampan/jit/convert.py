@@ -31,12 +31,13 @@ from torch.utils import _pytree as pytree
 
 from sampan.jit import (
     indexing,
+    printing,
     torch_fixes,  # noqa: F401 - applies the cond / while_loop backward fixes
 )
 from sampan.jit.diagnose import to_dy2static
 from sampan.jit.errors import Dy2StaticError
 from sampan.jit.probe import probe, probing
-from sampan.jit.tensor_array import TensorArray
+from sampan.jit.tensor_array import Element, TensorArray
 
 _NUMBER = (bool, int, float, torch.SymInt, torch.SymFloat, torch.SymBool)
 # Generated names whose value may first appear inside tensor control flow (loop_return /
@@ -159,12 +160,15 @@ def _copy_lists(values: Sequence[Any]) -> list:
 
 
 def _growth(before: Any, after: Any) -> int:
-    """How many elements a probe appended to a list or tensor array."""
-    if isinstance(before, list) and isinstance(after, list):
-        return len(after) - len(before)
-    if isinstance(before, TensorArray) and isinstance(after, TensorArray):
-        return int(after.limit - before.limit)
+    """How many elements were appended to a list or tensor array (0 for anything else)."""
+    if isinstance(before, (list, TensorArray)) and isinstance(after, (list, TensorArray)):
+        return int(_count(after) - _count(before))
     return 0
+
+
+def _count(value: list | TensorArray) -> Any:
+    """The elements a list holds, or the most a tensor array may hold."""
+    return len(value) if isinstance(value, list) else value.limit
 
 
 def _unchanged(outs: Sequence[Any], args: Sequence[Any], idx: Sequence[int], names: Sequence[str],
@@ -195,41 +199,79 @@ def _no_new_element(names: Sequence[str], i: int, what: str, where: str) -> Dy2S
 
 
 # --- if / else ---------------------------------------------------------------------------------
-def _probe_merge(first: Sequence[Any], second: Sequence[Any]) -> tuple:
-    """What a probe of both branches assigns: per name the first branch's value if it has one,
-    else the second's; for lists and tensor arrays the one with more elements."""
+def _probe_merge(first: Sequence[Any], second: Sequence[Any], before: Sequence[Any], names: Sequence[str],
+                 where: str) -> tuple:
+    """What a probe of both branches assigns, as the real ``cond`` would: per name the first
+    branch's value. A name only one branch gives a value (it had none before) stays without one,
+    as it is local to that branch; a return value takes the defined side, as the runtime fills it
+    in. Lists appended in the branches become what the runtime makes of them (``_list_plan``).
+    A number becomes a 0-d tensor, as a cond output does, so that a later Python ``if`` on it (a
+    break flag set in one branch) is probed both ways too."""
     merged = []
-    for a, b in zip(first, second, strict=True):
-        if _is_undefined(a) or (_growth(a, b) > 0 if isinstance(a, (list, TensorArray)) else False):
-            merged.append(b)
+    for a, b, base, name in zip(first, second, before, names, strict=True):
+        if _is_undefined(a) or _is_undefined(b):
+            value = b if _is_undefined(a) else a
+            if not name.startswith(_RETURN_PREFIX):
+                value = UndefinedVar(name, "it has a value on only some paths of a tensor condition")
+        elif isinstance(base, (list, TensorArray)):
+            plan = _list_plan(base, a, b, name, where)
+            value = a if not isinstance(plan, TensorArray) else TensorArray(
+                plan.buffer, plan.count, _count(base) + max(_growth(base, a), _growth(base, b)))
         else:
-            merged.append(a)
+            value = a
+        merged.append(_as_tensor(value) if isinstance(value, _NUMBER) else value)
     return tuple(merged)
 
 
-def _list_plan(base: list, if_true: Any, if_false: Any, name: str, where: str) -> Any:
+def _element_like(base: list | TensorArray, *outs: Any) -> Element:
+    """Shape, dtype and device of what was appended to ``base`` (from a probe's results)."""
+    if isinstance(base, TensorArray):
+        return base.element
+    for out in outs:
+        if isinstance(out, TensorArray):
+            return out.element
+        if isinstance(out, list) and len(out) > len(base):
+            item = out[len(base)]
+            return Element.of(item) if _is_tensor(item) else Element((), torch.get_default_dtype(), None)
+    raise AssertionError("no appended element")
+
+
+def _list_plan(base: list | TensorArray, if_true: Any, if_false: Any, name: str, where: str) -> Any:
     """How a list appended under a tensor ``if`` is carried: an int (both branches append that many
-    tensors of matching shapes: the new elements are ``cond`` outputs), a :class:`TensorArray`
-    with room for the longer branch, or None (no branch appends)."""
-    if not isinstance(if_true, list) or not isinstance(if_false, list):
+    tensors of matching shapes to a Python list: the new elements are ``cond`` outputs), a
+    :class:`TensorArray` with room for the longer branch, or None (no branch appends)."""
+    if not isinstance(if_true, (list, TensorArray)) or not isinstance(if_false, (list, TensorArray)):
         raise Dy2StaticError(f"{where}: '{name}' is a list that a branch of this tensor 'if' replaces; only "
                              ".append can change a list under a tensor condition. Append to it instead.")
-    new_true, new_false = if_true[len(base):], if_false[len(base):]
-    if not new_true and not new_false:
+    grow_true, grow_false = _growth(base, if_true), _growth(base, if_false)
+    if grow_true == grow_false == 0:
         return None
-    same = len(new_true) == len(new_false) and all(
-        _is_tensor(a) and _is_tensor(b) and a.shape == b.shape and a.dtype == b.dtype
-        for a, b in zip(new_true, new_false, strict=True))
-    if same:
-        return len(new_true)
-    like = (new_true or new_false)[0]
-    if not _is_tensor(like):
-        like = _as_tensor(like)
-    return TensorArray.from_list(base, len(base) + max(len(new_true), len(new_false)), like, where)
+    if all(isinstance(v, list) for v in (base, if_true, if_false)) and grow_true == grow_false and all(
+            _is_tensor(a) and _is_tensor(b) and a.shape == b.shape and a.dtype == b.dtype
+            for a, b in zip(if_true[len(base):], if_false[len(base):], strict=True)):
+        return grow_true
+    grow = max(grow_true, grow_false)
+    if isinstance(base, TensorArray):
+        return base.reserve(grow)
+    return TensorArray.from_list(base, len(base) + grow, _element_like(base, if_true, if_false), where)
+
+
+def _loop_array(before: list | TensorArray, after: Any, bound: Any, name: str, where: str) -> TensorArray:
+    """The tensor array a list appended in a tensor loop becomes: room for ``bound`` iterations of
+    the appends one iteration made (``after``)."""
+    grow = _growth(before, after)
+    if bound is None:
+        raise Dy2StaticError(
+            f"{where}: the list '{name}' is appended inside this tensor loop, whose number of iterations is "
+            "not known before it runs, so no buffer can be sized for it. Loop with 'for' over a tensor (or "
+            "a Python range), or write into a preallocated tensor.")
+    if isinstance(before, TensorArray):
+        return before.reserve(bound * grow)
+    return TensorArray.from_list(before, len(before) + bound * grow, _element_like(before, after), where)
 
 
 def IfElse(pred: Any, true_fn: Callable, false_fn: Callable, args: tuple, names: tuple[str, ...],
-           both: tuple[str, ...], where: str, select: bool = False) -> tuple:
+           both: tuple[str, ...], where: str, select: bool = False, maybe: tuple[str, ...] = ()) -> tuple:
     """Run ``true_fn(*args)`` or ``false_fn(*args)``; with a tensor ``pred``, as one ``torch.cond``.
 
     ``select`` (set by the ``ifelse`` pass for an ``if`` inside a loop whose branches only
@@ -237,35 +279,38 @@ def IfElse(pred: Any, true_fn: Callable, false_fn: Callable, args: tuple, names:
     instead, which keeps the exported loop body free of nested control flow. The values are the
     same; both branches' work is done. Outputs whose shapes or dtypes differ between the
     branches keep the ``torch.cond``.
+
+    ``maybe`` names those of ``both`` that some path of a branch may leave unassigned (one set
+    inside a loop, say): with no value before the ``if``, a probe of both branches decides whether
+    each is an output (both give it a value) or local to the branches.
     """
     if not _is_tensor(pred):
         return true_fn(*args) if pred else false_fn(*args)
     pred = _scalar_pred(pred, "if", where)
     if probing():
-        return _probe_merge(true_fn(*_copy_lists(args)), false_fn(*_copy_lists(args)))
+        return _probe_merge(true_fn(*_copy_lists(args)), false_fn(*_copy_lists(args)), args, names, where)
     values = list(args)
     limits: dict[int, Any] = {}
     extend: dict[int, int] = {}
     returns = [i for i, v in enumerate(values) if _is_undefined(v) and names[i].startswith(_RETURN_PREFIX)
                and names[i] not in both]
     appended = [i for i, v in enumerate(values) if isinstance(v, (list, TensorArray))]
-    if returns or appended:
+    unsure = [i for i, v in enumerate(values) if _is_undefined(v) and names[i] in maybe]
+    if returns or appended or unsure:
         outs_true = probe(true_fn, *_copy_lists(values))
         outs_false = probe(false_fn, *_copy_lists(values))
+        both = tuple(n for i, n in enumerate(names) if n in both and (
+            i not in unsure or (_carriable(outs_true[i]) and _carriable(outs_false[i]))))
         for i in returns:
             got = outs_true[i] if not _is_undefined(outs_true[i]) else outs_false[i]
             if _carriable(got):
                 values[i] = _zeros_like(got)
         for i in appended:
-            if isinstance(values[i], TensorArray):
-                grow = max(_growth(values[i], outs_true[i]), _growth(values[i], outs_false[i]))
-                values[i] = values[i].reserve(grow)
-                limits[i] = values[i].limit + grow
-                continue
-            plan = _list_plan(values[i], outs_true[i], outs_false[i], names[i], where)
+            base = values[i]
+            plan = _list_plan(base, outs_true[i], outs_false[i], names[i], where)
             if isinstance(plan, TensorArray):
                 values[i] = plan
-                limits[i] = plan.capacity
+                limits[i] = _count(base) + max(_growth(base, outs_true[i]), _growth(base, outs_false[i]))
             elif plan:
                 extend[i] = plan
     inputs, outputs, locals_, fixed = [], [], [], []
@@ -290,8 +335,6 @@ def IfElse(pred: Any, true_fn: Callable, false_fn: Callable, args: tuple, names:
             "it (side effects such as raise cannot be conditional on a tensor). Assign the result to a "
             "variable in both branches, or use 'assert' for checks.")
     operands = tuple(_to_carry(values[i]) for i in inputs)
-    # Read outside the branches: an outer tensor touched inside one becomes an extra input.
-    buffers = {i: values[i].buffer.shape for i in inputs if isinstance(values[i], TensorArray)}
 
     def branch(fn: Callable) -> Callable:
         def run(*ops: Any) -> tuple:
@@ -313,11 +356,9 @@ def IfElse(pred: Any, true_fn: Callable, false_fn: Callable, args: tuple, names:
                     continue
                 if not _carriable(out):
                     raise _no_new_element(names, i, "if", where)
-                carry = _to_carry(out, by_slot.get(i))
-                if i in buffers and carry[0].shape != buffers[i]:
-                    raise Dy2StaticError(f"{where}: the tensor array '{names[i]}' outgrew the room reserved "
-                                         "for it in this tensor 'if'; append to it outside nested loops.")
-                result.append(_clone_tree(carry))
+                # (A tensor array has room reserved for either branch's appends: its buffer keeps
+                # its shape, as a cond output must.)
+                result.append(_clone_tree(_to_carry(out, by_slot.get(i))))
             return tuple(result)
 
         return run
@@ -381,29 +422,36 @@ def While(cond_fn: Callable, body_fn: Callable, args: tuple, names: tuple[str, .
         pred = cond_fn(*values)
         if _is_tensor(pred):
             if probing():
-                return _probe_iteration(body_fn, values, names, where)
+                return _probe_iteration(body_fn, values, names, where, bound)
             return _tensor_while(cond_fn, body_fn, values, names, where, bound)
         if not pred:
             return values
         values = tuple(body_fn(*values))
 
 
-def _probe_iteration(body_fn: Callable, values: tuple, names: tuple[str, ...], where: str) -> tuple:
-    """A probe of a tensor loop: one iteration, merged with the values before it."""
+def _probe_iteration(body_fn: Callable, values: tuple, names: tuple[str, ...], where: str, bound: Any) -> tuple:
+    """A probe of a tensor loop, as the real ``while_loop`` would leave it: one iteration's values;
+    a name with no value before the loop stays without one (a return value excepted, as the
+    runtime fills it in); a list appended in the loop becomes a tensor array with room for
+    ``bound`` iterations (a Python int here: the probe also runs when shapes are symbolic only
+    inside the real loop); a number becomes a 0-d tensor."""
     outs = body_fn(*_copy_lists(values))
-    for i, (before, after) in enumerate(zip(values, outs, strict=True)):
-        if _growth(before, after) > 0:
-            raise Dy2StaticError(
-                f"{where}: the list '{names[i]}' is appended inside this tensor loop, which is itself inside "
-                "another tensor 'if' or loop; sampan sizes a list's buffer only for the outermost tensor "
-                "loop. Append in that loop, or collect into a preallocated tensor.")
-    return _probe_merge(outs, values)
+    merged = []
+    for before, after, name in zip(values, outs, names, strict=True):
+        if _is_undefined(before) and not name.startswith(_RETURN_PREFIX):
+            after = UndefinedVar(name, f"it is assigned inside the tensor 'while' at {where} but has no value "
+                                       "before the loop; initialise it before the loop")
+        elif _growth(before, after) > 0:
+            array = _loop_array(before, after, bound, name, where)
+            after = TensorArray(array.buffer, array.count, _count(before) + bound * _growth(before, after))
+        merged.append(_as_tensor(after) if isinstance(after, _NUMBER) else after)
+    return tuple(merged)
 
 
 def _tensor_while(cond_fn: Callable, body_fn: Callable, args: tuple, names: tuple[str, ...],
                   where: str, bound: Any) -> tuple:
     values = list(args)
-    per_iteration: dict[int, int] = {}
+    per_iteration: dict[int, tuple] = {}
     returns = [i for i, v in enumerate(values) if _is_undefined(v) and names[i].startswith(_RETURN_PREFIX)]
     appended = [i for i, v in enumerate(values) if isinstance(v, (list, TensorArray))]
     if returns or appended:
@@ -413,20 +461,11 @@ def _tensor_while(cond_fn: Callable, body_fn: Callable, args: tuple, names: tupl
                 values[i] = _zeros_like(outs[i])
         for i in appended:
             grow = _growth(values[i], outs[i])
-            if grow <= 0:
-                continue
-            if bound is None:
-                raise Dy2StaticError(
-                    f"{where}: the list '{names[i]}' is appended inside this tensor loop, whose number of "
-                    "iterations is not known before it runs, so no buffer can be sized for it. Loop with "
-                    "'for' over a tensor (or a Python range), or write into a preallocated tensor.")
-            per_iteration[i] = grow
-            if isinstance(values[i], TensorArray):
-                values[i] = values[i].reserve(bound * grow)
-            else:
-                like = outs[i][len(values[i])]
-                like = like if _is_tensor(like) else _as_tensor(like)
-                values[i] = TensorArray.from_list(values[i], len(values[i]) + bound * grow, like, where)
+            if grow > 0:
+                # Most elements at the start of any iteration, and after the loop.
+                per_iteration[i] = (_count(values[i]) + (bound - 1) * grow if bound is not None else None,
+                                    _count(values[i]) + bound * grow if bound is not None else None)
+                values[i] = _loop_array(values[i], outs[i], bound, names[i], where)
     carried, locals_, fixed = [], [], []
     for i, value in enumerate(values):
         if _carriable(value):
@@ -436,9 +475,9 @@ def _tensor_while(cond_fn: Callable, body_fn: Callable, args: tuple, names: tupl
         else:
             fixed.append(i)
     init = tuple(_to_carry(values[i]) for i in carried)
-    # Room for one iteration's appends within the capacity. Computed here: an outer tensor read
-    # inside the body (even for its shape) becomes an extra input of the loop, aliasing a carry.
-    limits = {i: values[i].capacity - k for i, k in per_iteration.items()}
+    # Tensor arrays' limits inside an iteration. Computed here: an outer tensor read inside the
+    # body (even for its shape) becomes an extra input of the loop, aliasing a carry.
+    limits = {i: during for i, (during, _) in per_iteration.items()}
 
     def fill(ops: Sequence[Any]) -> list:
         by_slot = dict(zip(carried, ops, strict=False))
@@ -485,7 +524,7 @@ def _tensor_while(cond_fn: Callable, body_fn: Callable, args: tuple, names: tupl
     # None"). A copy has plain metadata; it costs one copy per loop, not per iteration.
     outs = _clone_tree(tuple(outs))
     for i, out in zip(carried, outs, strict=True):
-        values[i] = _from_carry(out, values[i], limits[i] + per_iteration[i] if i in limits else None)
+        values[i] = _from_carry(out, values[i], per_iteration[i][1] if i in per_iteration else None)
     for i in locals_:
         reason = (f"it is assigned inside the tensor 'while' at {where} but has no value before the loop; "
                   "initialise it before the loop")
@@ -531,7 +570,9 @@ class ForIter:
     def __init__(self, iterable: Any, where: str):
         self.where = where
         self.range = iterable if isinstance(iterable, TensorRange) else None
-        self.tensor = iterable if _is_tensor(iterable) else None
+        # A copy: the iterable is often a view (`for v in x[i]`), and a loop body that reads both
+        # it and its base makes torch.while_loop refuse two aliasing inputs.
+        self.tensor = iterable.clone() if _is_tensor(iterable) else None
         self.array = iterable if isinstance(iterable, TensorArray) else None
         if self.range is None and self.tensor is None and self.array is None:
             seq = (list, tuple, builtins.range)
@@ -709,16 +750,14 @@ def Assert(cond: Any, message: Callable[[], Any], where: str) -> None:
     torch._assert_async(cond.all() if cond.numel() != 1 else cond.reshape(()).bool(), text)
 
 
-def _print(*args: Any, **kwargs: Any) -> None:
-    builtins.print(*args, **kwargs)
-
-
-# Registered with torch.compile as a logging function: inside a graph the call is moved to after
-# the graph runs (with the real tensor values) instead of breaking the graph.
-torch._dynamo.config.reorderable_logging_functions.add(_print)
-
-
-def Print(*args: Any, **kwargs: Any) -> None:
-    """``print`` that does not break the graph when given tensors (and prints nothing in a probe)."""
-    if not probing():
-        _print(*args, **kwargs)
+def Print(token: Any, where: str, *args: Any, sep: str = " ", end: str = "\n", file: Any = None,
+          flush: bool = False) -> Any:
+    """``print(*args, ...)``, printed where and when it runs (``sampan.jit.printing``); returns
+    the print token converted code carries (``_jst_printed``). Nothing prints in a probe or in an
+    export (a saved program has no print)."""
+    if probing() or torch.compiler.is_exporting():
+        return token
+    if torch.compiler.is_compiling():
+        return printing.print_in_graph(args, sep, end, printing.file_key(file))
+    builtins.print(*args, sep=sep, end=end, file=file, flush=flush)
+    return token

@@ -39,6 +39,10 @@ _CLASSES: tuple[tuple[str, str, str], ...] = (
      "an op whose result's shape depends on tensor values (boolean-mask indexing x[mask], nonzero, "
      "unique, masked_select)",
      "keep the shape fixed: torch.where(mask, x, 0) instead of x[mask], or a mask multiplied in"),
+    (r"input-to-input aliasing",
+     "two tensors that a tensor 'if' or loop reads from outside share memory (one is a view of the other, "
+     "as y = x[0] is of x)",
+     "read one of them as a copy (y = x[0].clone() before the 'if' or loop)"),
     (r"mutat|in-place|inplace|aliasing|alias(es|ed)? (an )?input",
      "an in-place update of a tensor (x.add_(...), x[i] = v, x += y on an attribute) inside tensor "
      "control flow",

@@ -15,11 +15,24 @@ graph learns at run time.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from sampan.jit.errors import Dy2StaticError
+
+
+class Element(NamedTuple):
+    """Shape, dtype and device of a tensor array's elements (metadata only: a probe's tensors
+    must not be computed with outside the probe)."""
+
+    shape: tuple
+    dtype: torch.dtype
+    device: torch.device
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> Element:
+        return cls(tuple(t.shape), t.dtype, t.device)
 
 
 def _index(count: Any) -> torch.Tensor:
@@ -44,9 +57,13 @@ class TensorArray:
     def capacity(self) -> Any:
         return self.buffer.shape[0]
 
+    @property
+    def element(self) -> Element:
+        return Element(tuple(self.buffer.shape[1:]), self.buffer.dtype, self.buffer.device)
+
     @classmethod
-    def from_list(cls, items: Sequence[Any], capacity: Any, like: torch.Tensor, where: str) -> TensorArray:
-        """A TensorArray holding ``items`` with room for ``capacity`` elements shaped like ``like``."""
+    def from_list(cls, items: Sequence[Any], capacity: Any, like: Element, where: str) -> TensorArray:
+        """A TensorArray holding ``items`` with room for ``capacity`` elements like ``like``."""
         for item in items:
             _check_element(item, like, where)
         rows = [torch.as_tensor(item, dtype=like.dtype).reshape(like.shape) for item in items]
@@ -64,9 +81,7 @@ class TensorArray:
 
     def append(self, value: Any, where: str) -> TensorArray:
         """A new TensorArray with ``value`` appended (functional: graphs cannot mutate in place)."""
-        like = self.buffer[0] if self.capacity else None
-        if like is not None:
-            _check_element(value, like, where)
+        _check_element(value, self.element, where)
         grown = self.reserve(1)
         row = torch.as_tensor(value, dtype=grown.buffer.dtype).unsqueeze(0)
         buffer = grown.buffer.index_copy(0, _index(grown.count), row)
@@ -109,7 +124,7 @@ class TensorArray:
         return f"TensorArray(count={self.count}, capacity={self.capacity}, element={list(self.buffer.shape[1:])})"
 
 
-def _check_element(value: Any, like: torch.Tensor, where: str) -> None:
+def _check_element(value: Any, like: Element, where: str) -> None:
     shape = tuple(value.shape) if isinstance(value, torch.Tensor) else ()
     if not isinstance(value, (torch.Tensor, bool, int, float)) or shape != tuple(like.shape):
         got = f"shape {list(shape)}" if isinstance(value, torch.Tensor) else type(value).__name__

@@ -163,6 +163,21 @@ def assigned_names(stmts: Iterable[ast.stmt]) -> set[str]:
     return names - declared
 
 
+def definitely_assigned(stmts: list[ast.stmt]) -> set[str]:
+    """Names ``stmts`` assign on every path through them: both branches of an ``if``, never only
+    inside a loop body (it may run zero times) or a ``try``."""
+    out: set[str] = set()
+    for stmt in stmts:
+        if isinstance(stmt, ast.If):
+            out |= definitely_assigned(stmt.body) & definitely_assigned(stmt.orelse)
+        elif isinstance(stmt, (ast.With, ast.AsyncWith)):
+            out |= definitely_assigned(stmt.body) | assigned_names(
+                [ast.Expr(value=i.optional_vars) for i in stmt.items if i.optional_vars is not None])
+        elif not isinstance(stmt, (ast.For, ast.AsyncFor, ast.While, ast.Try, ast.Match)):
+            out |= assigned_names([stmt])
+    return out
+
+
 def loop_iterators(stmts: Iterable[ast.stmt]) -> set[str]:
     """The ``_jst.ForIter`` objects that ``for`` loops inside ``stmts`` create (``for_loop`` pass).
 
