@@ -22,7 +22,6 @@ Rules for variables under tensor control flow (they follow from what one graph c
 from __future__ import annotations
 
 import builtins
-import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,7 +33,7 @@ from sampan.jit import (
     printing,
     torch_fixes,  # noqa: F401 - applies the cond / while_loop backward fixes
 )
-from sampan.jit.diagnose import to_dy2static
+from sampan.jit.diagnose import own_error, to_dy2static
 from sampan.jit.errors import Dy2StaticError
 from sampan.jit.probe import probe, probing
 from sampan.jit.tensor_array import Element, TensorArray
@@ -113,9 +112,9 @@ def _call_hop(op: Callable, what: str, where: str, *args: Any) -> Any:
     except Dy2StaticError:
         raise
     except Exception as e:  # noqa: BLE001 - re-raised as a Dy2StaticError with e chained
-        found = re.search(r'raised exception Dy2StaticError\((["\'])(.*?)\1\)', str(e), re.S)
-        if found:
-            raise Dy2StaticError(found.group(2).replace("\\'", "'")) from None
+        own = own_error(e)
+        if own is not None:
+            raise own from None
         raise to_dy2static(e, f"this tensor '{what}' could not be converted", where) from e
 
 
@@ -243,6 +242,11 @@ def _list_plan(base: list | TensorArray, if_true: Any, if_false: Any, name: str,
     if not isinstance(if_true, (list, TensorArray)) or not isinstance(if_false, (list, TensorArray)):
         raise Dy2StaticError(f"{where}: '{name}' is a list that a branch of this tensor 'if' replaces; only "
                              ".append can change a list under a tensor condition. Append to it instead.")
+    for out in (if_true, if_false):
+        if isinstance(base, list) and isinstance(out, list) and (
+                len(out) < len(base) or any(a is not b for a, b in zip(base, out, strict=False))):
+            raise Dy2StaticError(f"{where}: '{name}' is a list that a branch of this tensor 'if' replaces; only "
+                                 ".append can change a list under a tensor condition. Append to it instead.")
     grow_true, grow_false = _growth(base, if_true), _growth(base, if_false)
     if grow_true == grow_false == 0:
         return None
@@ -297,12 +301,16 @@ def IfElse(pred: Any, true_fn: Callable, false_fn: Callable, args: tuple, names:
     appended = [i for i, v in enumerate(values) if isinstance(v, (list, TensorArray))]
     unsure = [i for i, v in enumerate(values) if _is_undefined(v) and names[i] in maybe]
     if returns or appended or unsure:
+        # A probe traces a branch (abstractly): the false branch only when the true one does not
+        # tell all that is needed.
         outs_true = probe(true_fn, *_copy_lists(values))
-        outs_false = probe(false_fn, *_copy_lists(values))
+        outs_false = outs_true
+        if appended or unsure or not all(_carriable(outs_true[i]) for i in returns):
+            outs_false = probe(false_fn, *_copy_lists(values))
         both = tuple(n for i, n in enumerate(names) if n in both and (
             i not in unsure or (_carriable(outs_true[i]) and _carriable(outs_false[i]))))
         for i in returns:
-            got = outs_true[i] if not _is_undefined(outs_true[i]) else outs_false[i]
+            got = outs_true[i] if _carriable(outs_true[i]) else outs_false[i]
             if _carriable(got):
                 values[i] = _zeros_like(got)
         for i in appended:
@@ -329,11 +337,13 @@ def IfElse(pred: Any, true_fn: Callable, false_fn: Callable, args: tuple, names:
             f"{where}: {', '.join(repr(names[i]) for i in locals_)} is assigned in only one branch of this "
             "tensor 'if' and has no value before it, so it has no value after it either. Assign it before "
             "the 'if' or in both branches.")
+    if not outputs and fixed:
+        _unchanged([object()] * len(values), values, fixed[:1], names, "if", where)  # names the first one
     if not outputs:
         raise Dy2StaticError(
-            f"{where}: this 'if' has a tensor condition but assigns no tensor, so a graph cannot express "
-            "it (side effects such as raise cannot be conditional on a tensor). Assign the result to a "
-            "variable in both branches, or use 'assert' for checks.")
+            f"{where}: this 'if' has a tensor condition but assigns no variable, so a graph cannot express "
+            "it: an in-place update (x.add_(1), x[i] = v on a tensor from outside) or a raise cannot be "
+            "conditional on a tensor. Assign the new value instead (x = x + 1), or use 'assert' for checks.")
     operands = tuple(_to_carry(values[i]) for i in inputs)
 
     def branch(fn: Callable) -> Callable:
@@ -347,18 +357,18 @@ def IfElse(pred: Any, true_fn: Callable, false_fn: Callable, args: tuple, names:
             _unchanged(outs, values, fixed, names, "if", where)
             result = []
             for i in outputs:
-                out = outs[i]
+                branch_out = outs[i]
                 if i in extend:
-                    new = out[len(values[i]):] if isinstance(out, list) else None
+                    new = branch_out[len(values[i]):] if isinstance(branch_out, list) else None
                     if new is None or len(new) != extend[i] or not all(_is_tensor(t) for t in new):
                         raise _no_new_element(names, i, "if", where)
                     result.append(tuple(t.clone() for t in new))
                     continue
-                if not _carriable(out):
+                if not _carriable(branch_out):
                     raise _no_new_element(names, i, "if", where)
                 # (A tensor array has room reserved for either branch's appends: its buffer keeps
                 # its shape, as a cond output must.)
-                result.append(_clone_tree(_to_carry(out, by_slot.get(i))))
+                result.append(_clone_tree(_to_carry(branch_out, by_slot.get(i))))
             return tuple(result)
 
         return run
@@ -368,11 +378,14 @@ def IfElse(pred: Any, true_fn: Callable, false_fn: Callable, args: tuple, names:
         outs = _select(pred, branch(true_fn)(*operands), branch(false_fn)(*operands))
     if outs is None:
         outs = _call_hop(torch.cond, "if", where, pred, branch(true_fn), branch(false_fn), operands)
-    for i, out in zip(outputs, outs, strict=False):
+    # (Names here and below are distinct from the branches' and body's: dynamo names the inputs it
+    # lifts into a nested cond / while_loop after the variables that held them, and two inputs of
+    # one name make it fail "duplicate argument 'out' in function definition".)
+    for i, cond_out in zip(outputs, outs, strict=False):
         if i in extend:
-            values[i].extend(out)  # in place, as list.append is
+            values[i].extend(cond_out)  # in place, as list.append is
         else:
-            values[i] = _from_carry(out, values[i], limits.get(i))
+            values[i] = _from_carry(cond_out, values[i], limits.get(i))
     for i in locals_:
         values[i] = UndefinedVar(names[i], f"it is assigned in only one branch of the tensor 'if' at {where} "
                                            "and has no value before it; assign it before the 'if' or in "
@@ -403,9 +416,9 @@ def IfExp(pred: Any, true_fn: Callable, false_fn: Callable, where: str, select: 
     """``a if pred else b``; with a tensor ``pred``, a ``torch.cond`` of the two values."""
     if not _is_tensor(pred):
         return true_fn() if pred else false_fn()
-    (out,) = IfElse(pred, lambda _: (true_fn(),), lambda _: (false_fn(),), (None,), ("<expr>",), ("<expr>",),
-                    where, select)
-    return out
+    (value,) = IfElse(pred, lambda _: (true_fn(),), lambda _: (false_fn(),), (None,), ("<expr>",), ("<expr>",),
+                      where, select)
+    return value
 
 
 # --- while -------------------------------------------------------------------------------------
@@ -495,8 +508,8 @@ def _tensor_while(cond_fn: Callable, body_fn: Callable, args: tuple, names: tupl
         for i, op in zip(carried, ops, strict=False):
             if not _carriable(outs[i]):
                 raise _no_new_element(names, i, "while", where)
-            out = _to_carry(outs[i], op)
-            leaves_out, spec_out = pytree.tree_flatten(out)
+            body_out = _to_carry(outs[i], op)
+            leaves_out, spec_out = pytree.tree_flatten(body_out)
             leaves_in, spec_in = pytree.tree_flatten(op)
             if spec_out != spec_in or any(a.dtype != b.dtype or a.shape != b.shape
                                           for a, b in zip(leaves_out, leaves_in, strict=True)):
@@ -507,7 +520,7 @@ def _tensor_while(cond_fn: Callable, body_fn: Callable, args: tuple, names: tupl
                     f"iteration as {', '.join(got)}; a graph loop keeps each variable's shape and dtype. "
                     "Preallocate it at full size (and cast) before the loop.")
             # torch.while_loop refuses a body output that is one of its inputs (aliasing).
-            result.append(pytree.tree_map(lambda t: t.clone() if any(t is x for x in inputs) else t, out))
+            result.append(pytree.tree_map(lambda t: t.clone() if any(t is x for x in inputs) else t, body_out))
         return tuple(result)
 
     outs = _call_hop(torch.while_loop, "while", where, cond, body, init)
@@ -523,8 +536,8 @@ def _tensor_while(cond_fn: Callable, body_fn: Callable, args: tuple, names: tupl
     # symbols, and a later torch.cond that reads it fails to lift them ("Source of '8*u0 - 8' is
     # None"). A copy has plain metadata; it costs one copy per loop, not per iteration.
     outs = _clone_tree(tuple(outs))
-    for i, out in zip(carried, outs, strict=True):
-        values[i] = _from_carry(out, values[i], per_iteration[i][1] if i in per_iteration else None)
+    for i, loop_out in zip(carried, outs, strict=True):
+        values[i] = _from_carry(loop_out, values[i], per_iteration[i][1] if i in per_iteration else None)
     for i in locals_:
         reason = (f"it is assigned inside the tensor 'while' at {where} but has no value before the loop; "
                   "initialise it before the loop")
@@ -554,13 +567,13 @@ class TensorRange:
         self.start, self.stop, self.step = start, stop, step
 
 
-def Range(*args: Any) -> Any:
+def Range(*args: Any, where: str = "range") -> Any:
     """``range`` that accepts tensor bounds (then iterated by a ``torch.while_loop``)."""
     if not any(_is_tensor(a) for a in args):
         return builtins.range(*args)
     if len(args) == 1:
-        return TensorRange(0, args[0], 1, "range")
-    return TensorRange(args[0], args[1], args[2] if len(args) > 2 else 1, "range")
+        return TensorRange(0, args[0], 1, where)
+    return TensorRange(args[0], args[1], args[2] if len(args) > 2 else 1, where)
 
 
 class ForIter:

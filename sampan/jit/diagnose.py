@@ -26,7 +26,7 @@ _LIBRARY_DIRS = tuple(
 # (pattern in torch's message, the construct, what to change). First match wins.
 _CLASSES: tuple[tuple[str, str, str], ...] = (
     (r"Expected (then|true|else|false)\w* and (then|true|else|false)\w* to have same metadata|"
-     r"branches? .*(same metadata|different (shape|dtype))",
+     r"branches? .*(same metadata|different (shape|dtype))|merging two branches' output",
      "the branches of a tensor 'if' (or the returns that follow it) give values of different shapes "
      "or dtypes",
      "make every branch and every 'return' give tensors of one shape and dtype (cast, pad or "
@@ -60,6 +60,8 @@ _CLASSES: tuple[tuple[str, str, str], ...] = (
      "use tensor operations here, mark the called function @sampan.jit.not_to_static so it runs as "
      "it is, or pass full_graph=False to allow graph breaks"),
 )
+# Classes reported at the line of the converted `if` / `while` rather than inside its body.
+_AT_CONSTRUCT = (_CLASSES[0][1], _CLASSES[1][1])
 _DEFAULT = ("a construct torch cannot capture in one graph",
             "rewrite this line with tensor operations (docs/jit.md lists what converts), or pass "
             "full_graph=False to allow graph breaks")
@@ -103,6 +105,23 @@ def user_location(error: BaseException) -> tuple[str, int] | None:
     return found
 
 
+_OWN = re.compile(r'raised exception Dy2StaticError\((["\'])(.*?)\1\)', re.S)
+
+
+def own_error(error: BaseException) -> Dy2StaticError | None:
+    """The :class:`Dy2StaticError` a converter raised while torch traced it, which torch reports
+    wrapped in its own exception (dynamo: "raised exception Dy2StaticError('...')"), or None."""
+    for exc in _chain(error):
+        if isinstance(exc, Dy2StaticError):
+            return exc
+        found = _OWN.search(str(exc))
+        if found:
+            own = Dy2StaticError(found.group(2).replace("\\'", "'").replace('\\"', '"'))
+            own.__cause__ = error
+            return own
+    return None
+
+
 def torch_reason(error: BaseException) -> str:
     """The first line of what torch said (innermost error in the chain), shortened."""
     for exc in reversed(list(_chain(error))):
@@ -127,12 +146,16 @@ def to_dy2static(error: BaseException, action: str, where: str | None = None,
     (torch: REASON)". ``where`` is the location to use when no user frame is found."""
     if isinstance(error, Dy2StaticError):
         return error
-    location = user_location(error)
+    construct, fix = classify(error)
+    # A mismatch between branches or iterations is about the `if` / `while` itself: name its line.
+    location = None if (where and construct in _AT_CONSTRUCT) else user_location(error)
     source = ""
+    if location is None and where and ":" in where:
+        path, _, line = where.rpartition(":")
+        location = (path, int(line)) if line.isdigit() else None
     if location is not None:
         where = f"{location[0]}:{location[1]}"
         source = linecache.getline(location[0], location[1]).strip()
-    construct, fix = classify(error)
     at = f" `{source}`:" if source else ""
     return cls(f"{where or '<unknown location>'}:{at} {action}: {construct}. Fix: {fix}. "
                f"(torch: {torch_reason(error)})")

@@ -31,12 +31,15 @@ def needs_conversion(index: Any) -> bool:
     return any(is_tensor_int(i) or _tensor_bound(i) for i in items)
 
 
-def _refuse_tensor_slices(items: tuple, where: str) -> None:
-    if any(_tensor_bound(i) for i in items):
-        raise Dy2StaticError(
-            f"{where}: a slice with a tensor bound (x[i:j]) has a length that depends on the tensor's value, "
-            "which a graph cannot hold. Take a fixed number K of elements with "
-            "x.index_select(0, i + torch.arange(K)), or keep the full length and mask with torch.where.")
+def _int_bounds(items: tuple) -> tuple:
+    """Slices with tensor bounds get Python-int bounds (``.item()``): under torch.compile and
+    torch.export an unbacked size, so ``x[i:j]`` has a length known only at run time, which a
+    graph can hold at its top level (not as a value a tensor loop carries from one iteration to
+    the next, whose shape must stay fixed)."""
+    def bound(b: Any) -> Any:
+        return b.item() if isinstance(b, torch.Tensor) else b
+
+    return tuple(slice(bound(i.start), bound(i.stop), bound(i.step)) if _tensor_bound(i) else i for i in items)
 
 
 def _wrap(t: torch.Tensor, size: Any) -> torch.Tensor:
@@ -71,8 +74,8 @@ def _split(ndim: int, items: tuple) -> tuple[list, list]:
 
 def get_item(value: Any, index: Any, where: str) -> Any:
     """``value[index]`` with integer-tensor indices as ``index_select``."""
-    items = index if isinstance(index, tuple) else (index,)
-    _refuse_tensor_slices(items, where)
+    items = _int_bounds(index if isinstance(index, tuple) else (index,))
+    index = items if isinstance(index, tuple) else items[0]
     if isinstance(value, (list, tuple)) and len(items) == 1 and is_tensor_int(items[0]):
         if not value or not all(isinstance(v, torch.Tensor) and v.shape == value[0].shape for v in value):
             raise Dy2StaticError(
@@ -90,8 +93,7 @@ def get_item(value: Any, index: Any, where: str) -> Any:
 
 def set_item(value: Any, index: Any, new: Any, where: str) -> Any:
     """``value[index] = new`` with integer-tensor indices, out of place (``index_put``)."""
-    items = index if isinstance(index, tuple) else (index,)
-    _refuse_tensor_slices(items, where)
+    items = _int_bounds(index if isinstance(index, tuple) else (index,))
     if not isinstance(value, torch.Tensor):
         raise Dy2StaticError(f"{where}: only a tensor can be assigned at a tensor index, not a "
                              f"{type(value).__name__}. Use a tensor, or a Python int index.")

@@ -20,6 +20,7 @@ The probe depth is a class attribute: ``torch.compile`` accepts its balanced upd
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -49,14 +50,23 @@ def _sampan_probe_run(fn: Callable, args: tuple) -> Any:
         return fn(*args)  # recorded, then removed by remove_probe_nodes
     if torch.compiler.is_exporting() or _has_fake(args):
         # torch.export (non-strict) runs Python on fake tensors and records their ops: run the
-        # probe with recording off (its ops still compute shapes, on the fake tensors).
+        # probe with recording off (its ops still compute shapes, on the fake tensors). A size the
+        # probe reads from a tensor (.item() of a tensor array's count) is a new unbacked symbol
+        # that nothing returns: the shape environment must not wait for it.
+        from torch._guards import detect_fake_mode
         from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 
-        with disable_proxy_modes_tracing():
+        mode = detect_fake_mode(args)
+        ignore = (mode.shape_env.ignore_fresh_unbacked_symbols() if mode is not None and mode.shape_env is not None
+                  else contextlib.nullcontext())
+        with disable_proxy_modes_tracing(), ignore:
             return fn(*args)
     from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    with FakeTensorMode(allow_non_fake_inputs=True):
+    # Static shapes for the real inputs; the shape environment gives a value read from a tensor
+    # (.item()) a symbol instead of failing.
+    with FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv(), static_shapes=True):
         return fn(*args)
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from sampan.jit.diagnose import to_dy2static
+from sampan.jit.diagnose import own_error, to_dy2static
 from sampan.jit.errors import Dy2StaticError, GraphBreakError
 from sampan.jit.probe import remove_probe_nodes
 from sampan.jit.translator import ConvertedFunction, convert_function, convert_layer, original_forwards
@@ -160,11 +160,15 @@ class StaticFunction:
     def _diagnose(self, error: Exception, args: tuple, kwargs: dict) -> Exception:
         """What to raise for ``error`` from the compiled call.
 
-        If the original Python function fails on these inputs too, the error is the user's own:
-        it is raised as itself. Otherwise conversion or capture failed, and the result is a
+        A converter's own :class:`Dy2StaticError` that dynamo wrapped comes out as itself. If the
+        original Python function fails on these inputs too, the error is the user's own: it is
+        raised as itself. Otherwise conversion or capture failed, and the result is a
         :class:`Dy2StaticError` naming the user's line: the converted function's own error when
         it fails eagerly, else a :class:`GraphBreakError` for what ``torch.compile`` refused.
         """
+        embedded = own_error(error)
+        if embedded is not None:  # a converter's own error, which dynamo wrapped in its own
+            return embedded
         instance = self._instance if isinstance(self._instance, nn.Module) else None
         try:
             with original_forwards(instance):

@@ -130,5 +130,5 @@ def _check_element(value: Any, like: Element, where: str) -> None:
         got = f"shape {list(shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
         raise Dy2StaticError(
             f"{where}: this list is appended under tensor control flow, so it is held as a tensor array, "
-            f"whose elements must all have one shape; it holds {list(like.shape)} and gets {got}. Append "
-            "tensors of one shape (pad them), or build the list outside the tensor condition.")
+            f"whose elements must all have one shape, but it has elements of shape {list(like.shape)} and "
+            f"{got}. Append tensors of one shape (pad them), or build the list outside the tensor condition.")

@@ -34,6 +34,7 @@ class _ForLoop(ast.NodeTransformer):
         iterable = node.iter
         if isinstance(iterable, ast.Call) and isinstance(iterable.func, ast.Name) and iterable.func.id == "range":
             iterable.func = ast.copy_location(jst_call("Range"), iterable.func)
+            iterable.keywords = [ast.keyword(arg="where", value=ast.Constant(value=self.ctx.where(node)))]
         stmts = template(
             f"{it} = _jst.ForIter(ITER, WHERE)\n"
             f"{idx} = {it}.start()\n"

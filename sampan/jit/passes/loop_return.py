@@ -1,23 +1,20 @@
 """``return`` inside a loop -> set the return value and a flag, ``break``, return after the loop.
 
-    def f(x):                       def f(x):
-                                        _jst_retflag = False
-                                        _jst_retval = None
-        for i in ...:                   for i in ...:
-            if d:          ->               if d:
-                return x * i                    _jst_retval = x * i; _jst_retflag = True; break
-            ...                             ...
-        return y                        if _jst_retflag:
-                                            return _jst_retval
-                                        return y
+    for i in ...:                   for i in ...:
+        if d:              ->           if d:
+            return x * i                    _jst_retval = x * i; _jst_retflag = True; break
+        ...                             ...
+    return y                        if _jst_retflag:
+                                        return _jst_retval
+                                    return y
 
 A ``return`` at any depth works: in nested loops the inner loop's ``if _jst_retflag: return
 _jst_retval`` is itself a return inside the outer loop, rewritten the same way (inner loops are
-rewritten first). The flag and value are set once, at the top of the function, so an inner loop
-does not reset what the outer loop carries. The ``break`` is then handled by ``break_continue``
-and the ``if`` after the loop by ``early_return``. Under a tensor loop condition the return value
-has no value before the loop; the runtime probes the loop body for its shape and carries it from
-zeros (``_jst.While``), and the flag decides after the loop which return is taken.
+rewritten first). The ``break`` is then handled by ``break_continue``, and the returns after the
+loop by ``early_return``, which also sets the flag and value once at the top of the function (so
+an inner loop does not reset what an outer loop carries). Under a tensor loop condition the
+return value has no value before the loop; the runtime probes the loop body for its shape and
+carries it from zeros (``_jst.While``), and the flag decides after the loop which return is taken.
 """
 
 from __future__ import annotations
@@ -44,24 +41,12 @@ class _ReplaceReturns(ast.NodeTransformer):
 
 
 class _LoopReturn(ast.NodeTransformer):
-    def __init__(self):
-        self.rewritten: list[bool] = []
-
-    def visit_FunctionDef(self, node: ast.FunctionDef):
-        self.rewritten.append(False)
-        self.generic_visit(node)
-        if self.rewritten.pop():
-            node.body = [*template(f"{RETFLAG} = False\n{RETVAL} = None", node.body[0]), *node.body]
-        return node
-
     def _loop(self, node):
         self.generic_visit(node)  # inner loops first: their returns become this loop's returns
         if not contains(node.body, (ast.Return,)):
             return node
         node.body = [_ReplaceReturns().visit(s) for s in node.body]
         node.body = [s for stmt in node.body for s in (stmt if isinstance(stmt, list) else [stmt])]
-        if self.rewritten:
-            self.rewritten[-1] = True
         return [node, *template(f"if {RETFLAG}:\n    return {RETVAL}", node)]
 
     visit_For = visit_While = _loop
