@@ -33,7 +33,7 @@ from sampan.jit import Dy2StaticError
 
 pytestmark = [pytest.mark.slow]
 
-EXAMPLES = int(os.environ.get("SAMPAN_FUZZ_EXAMPLES", "12"))
+EXAMPLES = int(os.environ.get("SAMPAN_FUZZ_EXAMPLES", "6"))
 ROWS = 4  # x is [ROWS, 3]; every tensor value the programs compute is [3]
 MAX_DEPTH = 2  # if / while / for nest this deep (a program's compile and export time grows fast with it)
 

@@ -152,7 +152,9 @@ def save(function_or_layer: Callable | nn.Module, path: str | os.PathLike[str],
     except Dy2StaticError:
         raise
     except Exception as e:  # noqa: BLE001 - re-raised as an ExportError naming the user's line
-        raise to_dy2static(e, f"jit.save: torch.export cannot export '{static.__qualname__}'", cls=ExportError) from e
+        code = static._function.__code__
+        raise to_dy2static(e, f"jit.save: torch.export cannot export '{static.__qualname__}'",
+                           where=f"{code.co_filename}:{code.co_firstlineno}", cls=ExportError) from e
     remove_probe_nodes(program.graph_module)  # what probes of branches and loop bodies recorded
     files = {"pt2": base.with_name(base.name + ".pt2"), "onnx": base.with_name(base.name + ".onnx"),
              "json": base.with_name(base.name + ".json")}
@@ -172,7 +174,9 @@ def save(function_or_layer: Callable | nn.Module, path: str | os.PathLike[str],
     except Exception as e:  # noqa: BLE001 - the .pt2 is still written; the .json records why
         # The .pt2 is the program; ONNX is a second format some ops lack (the exporter names the
         # op). The reason goes into the .json and a warning, in sampan's words first.
-        onnx_error = str(to_dy2static(e, f"jit.save: the ONNX exporter cannot export '{static.__qualname__}'"))
+        code = static._function.__code__
+        onnx_error = str(to_dy2static(e, f"jit.save: the ONNX exporter cannot export '{static.__qualname__}'",
+                                      where=f"{code.co_filename}:{code.co_firstlineno}"))
         warnings.warn(f"jit.save wrote {files['pt2'].name} but no ONNX file: {onnx_error}", stacklevel=2)
         files.pop("onnx").unlink(missing_ok=True)
     meta = {
