@@ -50,11 +50,10 @@ _CLASSES: tuple[tuple[str, str, str], ...] = (
      "new tensor"),
     (r"data-dependent|data dependent|GuardOnDataDependentSymNode|specialized integer|unbacked|"
      r"Could not guard|item\(\)|tolist",
-     "a Python number or bool taken from a tensor's value (a tensor index or slice bound sampan could "
-     "not convert, int() / float() / bool() / .item() / .tolist() outside a condition, or a tensor in "
-     "a Python-level decision)",
-     "keep the value a tensor: index with x[i] or torch.index_select / torch.gather, slice a fixed "
-     "length with x[i:i + K], and compare tensors in the condition itself (if t.sum() > 0:)"),
+     "a Python number or bool taken from a tensor's value (int() / float() / bool() / .item() / "
+     ".tolist() outside a condition, used where Python must decide with it, such as range(int(t)))",
+     "keep the value a tensor: loop with for i in range(t) over the tensor itself, index with x[i] or "
+     "torch.index_select / torch.gather, and compare tensors in the condition itself (if t.sum() > 0:)"),
     (r"Unsupported|graph break|Graph break|not supported|unsupported",
      "a call torch.compile cannot trace into one graph",
      "use tensor operations here, mark the called function @sampan.jit.not_to_static so it runs as "
