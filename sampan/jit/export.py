@@ -21,7 +21,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from sampan.jit.diagnose import to_dy2static
+from sampan.jit.errors import Dy2StaticError, ExportError
+from sampan.jit.probe import remove_probe_nodes
 from sampan.jit.static_function import StaticFunction
+from sampan.jit.torch_fixes import onnx_subgraph_opsets
 from sampan.static import InputSpec
 from sampan.utils.atomic import atomic_write
 
@@ -130,10 +134,10 @@ def save(function_or_layer: Callable | nn.Module, path: str | os.PathLike[str],
 
     Input shapes come from ``input_spec``, else from the specs given to ``to_static`` or the last
     call (non-tensor arguments of that call are fixed into the export). ``None`` dimensions are
-    dynamic in both files. Returns the written paths. If the ONNX exporter fails (torch 2.13
-    cannot export an ``If`` inside a ``Loop``; sampan exports a tensor ``if`` inside a loop as a
-    select where its branches only compute, see ``_jst.IfElse``), the ``.pt2`` and ``.json`` are
-    still written, with the reason under ``onnx_error`` in the ``.json``, and a warning is given.
+    dynamic in both files. Returns the written paths. If ``torch.export`` fails, an
+    :class:`ExportError` (a ``Dy2StaticError``) names the user's line. If only the ONNX exporter
+    fails, the ``.pt2`` and ``.json`` are still written, with the reason under ``onnx_error`` in
+    the ``.json``, and a warning is given.
     """
     import sampan
 
@@ -143,7 +147,15 @@ def save(function_or_layer: Callable | nn.Module, path: str | os.PathLike[str],
     base = Path(path)
     base.parent.mkdir(parents=True, exist_ok=True)
     dynamic = _dynamic_shapes(specs)
-    program = torch.export.export(module, tuple(examples), dynamic_shapes=dynamic, strict=False)
+    try:
+        program = torch.export.export(module, tuple(examples), dynamic_shapes=dynamic, strict=False)
+    except Dy2StaticError:
+        raise
+    except Exception as e:  # noqa: BLE001 - re-raised as an ExportError naming the user's line
+        code = static._function.__code__
+        raise to_dy2static(e, f"jit.save: torch.export cannot export '{static.__qualname__}'",
+                           where=f"{code.co_filename}:{code.co_firstlineno}", cls=ExportError) from e
+    remove_probe_nodes(program.graph_module)  # what probes of branches and loop bodies recorded
     files = {"pt2": base.with_name(base.name + ".pt2"), "onnx": base.with_name(base.name + ".onnx"),
              "json": base.with_name(base.name + ".json")}
     torch.export.save(program, files["pt2"])
@@ -153,18 +165,19 @@ def save(function_or_layer: Callable | nn.Module, path: str | os.PathLike[str],
     onnx_error = None
     try:
         if onnx:
-            onnx_program = torch.onnx.export(program, tuple(examples), input_names=input_names,
-                                             output_names=output_names, dynamo=True, verbose=False)
+            with onnx_subgraph_opsets():
+                onnx_program = torch.onnx.export(program, tuple(examples), input_names=input_names,
+                                                 output_names=output_names, dynamo=True, verbose=False)
             onnx_program.save(str(files["onnx"]))
         else:
             files.pop("onnx").unlink(missing_ok=True)  # no stale file from an earlier save
     except Exception as e:  # noqa: BLE001 - the .pt2 is still written; the .json records why
-        # torch 2.13 + onnxscript 0.7.2 fail on an If inside a Loop body ("Opset mismatch when
-        # inlining function ... __subgraph__"): a tensor `if` in a tensor loop whose branches
-        # hold a loop, an assert or print, or a call of a converted function.
-        onnx_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        warnings.warn(f"jit.save wrote {files['pt2'].name} but no ONNX file: the ONNX exporter failed "
-                      f"({onnx_error})", stacklevel=2)
+        # The .pt2 is the program; ONNX is a second format some ops lack (the exporter names the
+        # op). The reason goes into the .json and a warning, in sampan's words first.
+        code = static._function.__code__
+        onnx_error = str(to_dy2static(e, f"jit.save: the ONNX exporter cannot export '{static.__qualname__}'",
+                                      where=f"{code.co_filename}:{code.co_firstlineno}"))
+        warnings.warn(f"jit.save wrote {files['pt2'].name} but no ONNX file: {onnx_error}", stacklevel=2)
         files.pop("onnx").unlink(missing_ok=True)
     meta = {
         "format": "sampan.jit/1",

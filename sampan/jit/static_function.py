@@ -16,8 +16,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from sampan.jit.errors import ConversionError, Dy2StaticError, GraphBreakError
-from sampan.jit.translator import ConvertedFunction, convert_function, convert_layer
+from sampan.jit.diagnose import own_error, to_dy2static
+from sampan.jit.errors import Dy2StaticError, GraphBreakError
+from sampan.jit.probe import remove_probe_nodes
+from sampan.jit.translator import ConvertedFunction, convert_function, convert_layer, original_forwards
 from sampan.static import InputSpec
 
 
@@ -103,6 +105,7 @@ class StaticFunction:
 
     def _backend(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         self._stats["compiles"] += 1
+        remove_probe_nodes(gm)  # what probes of branches and loop bodies recorded is unused
         backend = torch._dynamo.lookup_backend(self.backend) if isinstance(self.backend, str) else self.backend
         return backend(gm, example_inputs)
 
@@ -132,14 +135,20 @@ class StaticFunction:
         return tuple((s.shape, s.dtype) for s in specs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            # Called from another converted function being compiled, or from an export: its
+            # converted code joins the caller's graph (no torch.compile inside torch.compile).
+            return self._target()(*args, **kwargs)
         key = self._record_specs(args)
         compiled = self._compile()
         compiles, breaks = self._stats["compiles"], _graph_break_count()
         try:
-            out = compiled(*args, **kwargs)
-        except (ConversionError, Dy2StaticError):
+            # A tensor array's length (TensorArray.stack) is read with .item() inside the graph.
+            with torch._dynamo.config.patch(capture_scalar_outputs=True):
+                out = compiled(*args, **kwargs)
+        except Dy2StaticError:
             raise
-        except torch._dynamo.exc.TorchDynamoException as e:
+        except Exception as e:  # noqa: BLE001 - a user error is re-raised as itself, the rest as Dy2StaticError
             raise self._diagnose(e, args, kwargs) from e
         self._stats["calls"] += 1
         self._stats["graph_breaks"] += _graph_break_count() - breaks
@@ -149,21 +158,29 @@ class StaticFunction:
         return out
 
     def _diagnose(self, error: Exception, args: tuple, kwargs: dict) -> Exception:
-        """Tell an error in the user's code (which the converted function raises eagerly too) from
-        a construct torch.compile cannot capture."""
+        """What to raise for ``error`` from the compiled call.
+
+        A converter's own :class:`Dy2StaticError` that dynamo wrapped comes out as itself. If the
+        original Python function fails on these inputs too, the error is the user's own: it is
+        raised as itself. Otherwise conversion or capture failed, and the result is a
+        :class:`Dy2StaticError` naming the user's line: the converted function's own error when
+        it fails eagerly, else a :class:`GraphBreakError` for what ``torch.compile`` refused.
+        """
+        embedded = own_error(error)
+        if embedded is not None:  # a converter's own error, which dynamo wrapped in its own
+            return embedded
+        instance = self._instance if isinstance(self._instance, nn.Module) else None
+        try:
+            with original_forwards(instance):
+                self.dygraph_function(*args, **kwargs)
+        except Exception as user_error:  # noqa: BLE001 - the user's own error, reported as it is
+            return user_error
         try:
             self.eager(*args, **kwargs)
-        except Exception as eager_error:  # noqa: BLE001 - reported to the user as it is
-            return eager_error
-        reason = str(error).strip()
-        frames = [f for f in getattr(error, "real_stack", None) or []
-                  if "/torch/" not in f.filename and "/sampan/jit/" not in f.filename]
-        at = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-        return GraphBreakError(
-            f"torch.compile(fullgraph=True) cannot capture '{self.__qualname__}' as one graph{at}, although "
-            f"the converted function runs eagerly:\n{reason}\n"
-            "The frames above name your file and line; print the converted source with `.code` or "
-            "SAMPAN_JIT_DEBUG=1. Pass full_graph=False to allow graph breaks.")
+        except Exception as eager_error:  # noqa: BLE001 - reported as a Dy2StaticError
+            return to_dy2static(eager_error, f"'{self.__qualname__}' could not be converted")
+        return to_dy2static(error, f"torch.compile(fullgraph=True) cannot capture '{self.__qualname__}' as one "
+                                   "graph (the converted function runs eagerly)", cls=GraphBreakError)
 
     def __repr__(self) -> str:
         return f"<StaticFunction {self.__qualname__} {self.stats()}>"

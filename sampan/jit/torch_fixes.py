@@ -18,12 +18,23 @@ gradients on (integer outputs have none).
 
 (``sampan.jit.convert`` works around a third one where it builds the loop: a ``while_loop`` that
 runs zero times still back-propagates one iteration.)
+
+ONNX export of nested control flow (torch 2.13 + onnxscript 0.7.2): a ``cond`` inside a
+``while_loop`` body (an ``If`` inside a ``Loop``), or many control-flow ops in one program, fails
+in the exporter's final opset conversion with "Opset mismatch when inlining function
+'pkg.torch.__subgraph__::while_loop_body_graph_0': domain 'pkg.torch.__subgraph__' has version 20
+in the model but version 1 in the function". The subgraph functions import their own domain at a
+version that differs from the model's, and the inliner insists they agree; the version of that
+private domain means nothing. :func:`onnx_subgraph_opsets` aligns each function's imports with
+the model's before the conversion runs (used by ``jit.save`` around ``torch.onnx.export``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
+from collections.abc import Iterator
 
 import torch
 
@@ -73,6 +84,33 @@ def _fix_cond_backward() -> None:
 
     setattr(fixed_backward, _FIXED, True)
     op.forward, op.backward = staticmethod(fixed_forward), staticmethod(fixed_backward)
+
+
+@contextlib.contextmanager
+def onnx_subgraph_opsets() -> Iterator[None]:
+    """While active, ``torch.onnx.export`` aligns the opset imports of the exported program's
+    functions with the model's before converting versions (see the module docstring)."""
+    try:
+        core = importlib.import_module("torch.onnx._internal.exporter._core")
+        apis = core.onnxscript_apis
+        original = apis.convert_version
+    except (ImportError, AttributeError):  # another torch: nothing to patch, nothing to fix
+        yield
+        return
+
+    @functools.wraps(original)
+    def convert_version(model, *args, **kwargs):
+        for function in model.functions.values():
+            for domain, version in list(function.opset_imports.items()):
+                if model.opset_imports.get(domain, version) != version:
+                    function.opset_imports[domain] = model.opset_imports[domain]
+        return original(model, *args, **kwargs)
+
+    apis.convert_version = convert_version
+    try:
+        yield
+    finally:
+        apis.convert_version = original
 
 
 _fix_while_loop_backward()

@@ -10,19 +10,23 @@ variables (``_jst`` and converted callees) get cells of their own.
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import inspect
 import os
 import sys
+import sysconfig
 import textwrap
 import types
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
+import torch
 from torch import nn
 
 from sampan.jit import convert
-from sampan.jit.passes import PASSES, ConversionError, PassContext
+from sampan.jit.passes import NORMALISING, PASSES, ConversionError, PassContext
 from sampan.jit.passes.base import JST
 
 # Callables from these packages are library code: called as they are, never converted.
@@ -45,6 +49,9 @@ class ConvertedFunction:
     changed: bool
 
 
+_LIBRARY_DIRS = tuple({p for p in (sysconfig.get_paths().get(k) for k in ("stdlib", "purelib", "platlib")) if p}
+                      | {os.path.dirname(os.path.dirname(os.path.abspath(torch.__file__)))})
+
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _IN_PROGRESS: set[types.CodeType] = set()
 
@@ -53,12 +60,35 @@ def debug_enabled() -> bool:
     return os.environ.get("SAMPAN_JIT_DEBUG", "") not in ("", "0")
 
 
+def _is_library(obj: Any) -> bool:
+    module = getattr(obj, "__module__", None) or ""
+    return any(module == p or module.startswith(p + ".") for p in _LIBRARY_PREFIXES)
+
+
+def _library_code(fn: types.FunctionType) -> bool:
+    # functools.wraps copies __module__ from the wrapped function, so a library decorator's
+    # wrapper is told by where its code is.
+    path = os.path.abspath(fn.__code__.co_filename)
+    return any(path.startswith(d + os.sep) for d in _LIBRARY_DIRS)
+
+
+def _target(fn: types.FunctionType) -> types.FunctionType:
+    """The function to convert for ``fn``: itself, or the user function inside a library
+    decorator's wrapper (``@torch.no_grad()``), whose decorators the conversion re-applies."""
+    if hasattr(fn, "__wrapped__") and _library_code(fn):
+        inner = inspect.unwrap(fn)
+        if isinstance(inner, types.FunctionType):
+            return inner
+    return fn
+
+
 def is_user_function(fn: Any) -> bool:
-    """A plain Python function outside the library packages (so worth converting)."""
-    if not isinstance(fn, types.FunctionType) or hasattr(fn, "__wrapped__") or hasattr(fn, "_jst_not_to_static"):
+    """A plain Python function outside the library packages (so worth converting), or a library
+    decorator's wrapper around one."""
+    if not isinstance(fn, types.FunctionType) or hasattr(fn, "_jst_not_to_static"):
         return False
-    module = fn.__module__ or ""
-    return not any(module == p or module.startswith(p + ".") for p in _LIBRARY_PREFIXES)
+    target = _target(fn)
+    return not hasattr(target, "_jst_not_to_static") and not _is_library(target)
 
 
 def convert_function(fn: types.FunctionType, self_type: type | None = None) -> ConvertedFunction:
@@ -67,13 +97,18 @@ def convert_function(fn: types.FunctionType, self_type: type | None = None) -> C
     cached = _CACHE.get(fn)
     if cached is not None:
         return cached
-    _IN_PROGRESS.add(fn.__code__)
+    target = _target(fn)
+    _IN_PROGRESS.add(target.__code__)
     try:
-        converted = _convert(fn, self_type)
+        converted = _convert(target, self_type)
     finally:
-        _IN_PROGRESS.discard(fn.__code__)
+        _IN_PROGRESS.discard(target.__code__)
     _CACHE[fn] = converted
     return converted
+
+
+# Layers whose forward convert_layer replaced, so that a diagnosis can run the original code.
+_CONVERTED_LAYERS: weakref.WeakSet = weakref.WeakSet()
 
 
 def convert_layer(layer: nn.Module) -> None:
@@ -86,12 +121,27 @@ def convert_layer(layer: nn.Module) -> None:
         converted = convert_function(forward, type(module))
         if converted.changed:
             module.forward = types.MethodType(converted.function, module)
+            _CONVERTED_LAYERS.add(module)
+
+
+@contextlib.contextmanager
+def original_forwards(extra: nn.Module | None = None) -> Iterator[None]:
+    """While active, every layer converted in place (and ``extra``'s sub-layers) runs its
+    original ``forward``: the reference run that tells a user's own error from a conversion's."""
+    layers = set(_CONVERTED_LAYERS) | (set(extra.modules()) if extra is not None else set())
+    saved = {m: m.__dict__.pop("forward") for m in layers if m in _CONVERTED_LAYERS and "forward" in m.__dict__}
+    try:
+        yield
+    finally:
+        for module, forward in saved.items():
+            module.forward = forward
 
 
 def _source_tree(fn: types.FunctionType) -> tuple[ast.Module, str]:
     filename = inspect.getsourcefile(fn) or fn.__code__.co_filename
     try:
-        lines, start = inspect.getsourcelines(fn)
+        # The code object, not the function: inspect follows a function's __wrapped__ to another one.
+        lines, start = inspect.getsourcelines(fn.__code__)
     except (OSError, TypeError) as e:
         raise ConversionError(f"{filename}: cannot convert '{fn.__qualname__}': its source is not available "
                               f"({e}). Define it in a .py file.") from None
@@ -100,17 +150,18 @@ def _source_tree(fn: types.FunctionType) -> tuple[ast.Module, str]:
         raise ConversionError(f"{filename}:{start}: cannot convert '{fn.__qualname__}': only 'def' functions "
                               "convert (not lambdas or async functions). Rewrite it as a 'def'.")
     ast.increment_lineno(tree, start - 1)
-    tree.body[0].decorator_list = []
     return tree, filename
 
 
 def _convert(fn: types.FunctionType, self_type: type | None) -> ConvertedFunction:
     tree, filename = _source_tree(fn)
-    original = ast.dump(tree)
     ctx = PassContext(filename=filename, func_name=fn.__qualname__,
                       resolve_call=_Resolver(fn, tree.body[0], self_type))
+    original = ast.dump(tree)
     for name, apply in PASSES:
         tree = apply(tree, ctx)
+        if name in NORMALISING:  # what "unchanged" compares against
+            original = ast.dump(tree)
         if debug_enabled():
             print(f"# --- sampan.jit: {fn.__qualname__} after pass '{name}' ---\n{ast.unparse(tree)}\n",
                   file=sys.stderr)
@@ -119,7 +170,31 @@ def _convert(fn: types.FunctionType, self_type: type | None) -> ConvertedFunctio
     code = ast.unparse(tree)
     if not changed:
         return ConvertedFunction(fn, code, False)
-    return ConvertedFunction(_build(fn, tree, filename, ctx.bindings), code, True)
+    function = _build(fn, tree, filename, ctx.bindings)
+    return ConvertedFunction(_decorate(function, fn, ctx.decorators, filename), code, True)
+
+
+def _decorate(function: types.FunctionType, fn: types.FunctionType, decorators: list[ast.expr],
+              filename: str) -> Any:
+    """Apply the user's decorators (all but ``to_static``, which the ``decorators`` pass removed)
+    to the converted function, innermost first, evaluated where ``fn`` was defined."""
+    if not decorators:
+        return function
+    scope = dict(fn.__globals__)
+    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True):
+        with contextlib.suppress(ValueError):  # an empty cell
+            scope[name] = cell.cell_contents
+    for node in reversed(decorators):
+        try:
+            decorator = eval(compile(ast.Expression(body=node), filename, "eval"), scope)  # noqa: S307
+            function = decorator(function)
+        except Exception as e:  # noqa: BLE001 - reported as a ConversionError naming the decorator
+            raise ConversionError(
+                f"{filename}:{node.lineno}: cannot convert '{fn.__qualname__}': its decorator "
+                f"'{ast.unparse(node)}' cannot be re-applied to the converted function ({type(e).__name__}: "
+                f"{e}). Define the decorator at module level, or mark the function "
+                "@sampan.jit.not_to_static.") from None
+    return function
 
 
 def _build(fn: types.FunctionType, tree: ast.Module, filename: str, bindings: dict[str, Any]) -> types.FunctionType:
@@ -181,7 +256,7 @@ class _Resolver:
         return None
 
     def _converted(self, value: Any, self_type: type | None) -> Any:
-        if not is_user_function(value) or value.__code__ in _IN_PROGRESS:
+        if not is_user_function(value) or _target(value).__code__ in _IN_PROGRESS:
             return None
         try:
             converted = convert_function(value, self_type)

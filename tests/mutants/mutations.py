@@ -124,6 +124,24 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_jit_corpus.py", "-k", "p_if or p_elif or p_nested_if or p_early_return"),
     ),
     Mutation(
+        "tensor-array-count-not-advanced",
+        "issue 29: a list appended under tensor control flow (a tensor array) does not count the element "
+        "it appends, so torch.stack of it drops rows",
+        "sampan/jit/tensor_array.py",
+        "        return TensorArray(buffer, grown.count + 1, grown.limit + 1)",
+        "        return TensorArray(buffer, grown.count, grown.limit + 1)",
+        ("tests/test_jit_corpus.py", "-k", "under_to_static and (p_list or p_layer_tensor_array)"),
+    ),
+    Mutation(
+        "loop-return-value-not-carried",
+        "issue 29: a return inside a tensor loop whose value is not given a starting value by the probe "
+        "(the loop then keeps it local and the return is lost)",
+        "sampan/jit/convert.py",
+        "        for i in returns:\n            if _carriable(outs[i]):\n                values[i] = _zeros_like(outs[i])",
+        "        for i in returns[:0]:\n            if _carriable(outs[i]):\n                values[i] = _zeros_like(outs[i])",
+        ("tests/test_jit_corpus.py", "-k", "under_to_static and p_return"),
+    ),
+    Mutation(
         "inputs-limit-off-by-one",
         "serving limits tested only above the limit: max_inputs_per_request refuses a request with exactly "
         "the limit (>= for >); the fuzz took any 4xx and never sent the limit itself",

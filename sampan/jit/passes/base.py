@@ -17,11 +17,17 @@ JST = "_jst"
 PREFIX = "_jst_"
 
 
-class ConversionError(SyntaxError):
-    """Raised at conversion time for a construct ``to_static`` cannot turn into a graph.
+class Dy2StaticError(RuntimeError):
+    """Every failure of ``to_static`` / ``jit.save`` to convert or capture a function.
 
-    The message starts with the user's ``file:line`` and says how to rewrite the code.
+    The message starts with the user's ``file:line``, names the construct and says what to change;
+    an error from torch that caused it is chained (``__cause__``), never raised on its own.
     """
+
+
+class ConversionError(SyntaxError, Dy2StaticError):
+    """Raised at conversion time (from the source, before any run) for a construct ``to_static``
+    cannot turn into a graph. Also a ``SyntaxError``, as it is about the code as written."""
 
 
 @dataclasses.dataclass
@@ -36,6 +42,8 @@ class PassContext:
         resolve_call: given a call's function expression, the converted callee to call instead
             (or None); supplied by the translator, which can see the function's globals.
         bindings: generated name -> object, bound as free variables of the converted function.
+        decorators: the function's own decorators (but ``to_static``), re-applied by the translator
+            to the converted function.
     """
 
     filename: str
@@ -43,6 +51,7 @@ class PassContext:
     carried: set[str] = dataclasses.field(default_factory=set)
     resolve_call: Callable[[ast.expr], Any] | None = None
     bindings: dict[str, Any] = dataclasses.field(default_factory=dict)
+    decorators: list[ast.expr] = dataclasses.field(default_factory=list)
     _counter: itertools.count = dataclasses.field(default_factory=itertools.count)
 
     def fresh(self, kind: str) -> str:
@@ -152,6 +161,34 @@ def assigned_names(stmts: Iterable[ast.stmt]) -> set[str]:
         elif isinstance(node, (ast.Global, ast.Nonlocal)):
             declared.update(node.names)
     return names - declared
+
+
+def definitely_assigned(stmts: list[ast.stmt]) -> set[str]:
+    """Names ``stmts`` assign on every path through them: both branches of an ``if``, never only
+    inside a loop body (it may run zero times) or a ``try``."""
+    out: set[str] = set()
+    for stmt in stmts:
+        if isinstance(stmt, ast.If):
+            out |= definitely_assigned(stmt.body) & definitely_assigned(stmt.orelse)
+        elif isinstance(stmt, (ast.With, ast.AsyncWith)):
+            out |= definitely_assigned(stmt.body) | assigned_names(
+                [ast.Expr(value=i.optional_vars) for i in stmt.items if i.optional_vars is not None])
+        elif not isinstance(stmt, (ast.For, ast.AsyncFor, ast.While, ast.Try, ast.Match)):
+            out |= assigned_names([stmt])
+    return out
+
+
+def loop_iterators(stmts: Iterable[ast.stmt]) -> set[str]:
+    """The ``_jst.ForIter`` objects that ``for`` loops inside ``stmts`` create (``for_loop`` pass).
+
+    Such a loop lies wholly inside ``stmts``, so its iterator is used nowhere else: a construct
+    around the loop need not (and, as it is a Python object, cannot) carry it.
+    """
+    return {node.targets[0].id for node in walk_scope(stmts)
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+            and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Attribute)
+            and node.value.func.attr == "ForIter" and isinstance(node.value.func.value, ast.Name)
+            and node.value.func.value.id == JST}
 
 
 def contains(stmts: Iterable[ast.AST], kinds: tuple[type, ...], *, enter_loops: bool = True) -> bool:

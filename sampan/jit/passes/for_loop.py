@@ -20,6 +20,8 @@ import ast
 from sampan.jit.passes.base import PassContext, jst_call, template
 
 PRELUDE_ATTR = "_jst_prelude"
+# The iterator of the loop a `for` became: the while_loop pass passes its bound() to _jst.While.
+ITER_ATTR = "_jst_iter"
 
 
 class _ForLoop(ast.NodeTransformer):
@@ -32,6 +34,7 @@ class _ForLoop(ast.NodeTransformer):
         iterable = node.iter
         if isinstance(iterable, ast.Call) and isinstance(iterable.func, ast.Name) and iterable.func.id == "range":
             iterable.func = ast.copy_location(jst_call("Range"), iterable.func)
+            iterable.keywords = [ast.keyword(arg="where", value=ast.Constant(value=self.ctx.where(node)))]
         stmts = template(
             f"{it} = _jst.ForIter(ITER, WHERE)\n"
             f"{idx} = {it}.start()\n"
@@ -43,6 +46,7 @@ class _ForLoop(ast.NodeTransformer):
             BODY=node.body,
         )
         setattr(stmts[-1], PRELUDE_ATTR, 2)
+        setattr(stmts[-1], ITER_ATTR, it)
         return stmts
 
 

@@ -34,6 +34,8 @@ from sampan.jit.passes.base import (
     PassContext,
     assigned_names,
     contains,
+    definitely_assigned,
+    loop_iterators,
     names_tuple,
     out_of_place,
     strings_tuple,
@@ -77,11 +79,15 @@ class _IfElse(ast.NodeTransformer):
         return []
 
     def visit_If(self, node: ast.If):
+        # Before the inner ifs are converted (their generated assignments would count as
+        # definite): names each branch assigns on every path through it.
+        definite = definitely_assigned(node.body) & definitely_assigned(node.orelse)
         self.generic_visit(node)
         if contains(node.body + node.orelse, (ast.Return,)):
             raise self.ctx.error(node, "a 'return' inside this 'if' could not be moved out of it",
                                  "Assign the result to a variable and return it after the 'if'.")
-        in_body, in_else = assigned_names(node.body), assigned_names(node.orelse)
+        inner = loop_iterators(node.body + node.orelse)
+        in_body, in_else = assigned_names(node.body) - inner, assigned_names(node.orelse) - inner
         names = sorted(in_body | in_else)
         self.ctx.carried.update(names)
         true_fn, false_fn = self.ctx.fresh("true"), self.ctx.fresh("false")
@@ -97,6 +103,9 @@ class _IfElse(ast.NodeTransformer):
                         BOTH=strings_tuple(sorted(in_body & in_else)),
                         WHERE=ast.Constant(value=self.ctx.where(node)))[0]
         call.value.keywords = self._select(node.body + node.orelse)
+        maybe = sorted((in_body & in_else) - definite)
+        if maybe:  # assigned in both branches, but not on every path of them: the run decides
+            call.value.keywords.append(ast.keyword(arg="maybe", value=strings_tuple(maybe)))
         if names:
             call = ast.copy_location(ast.Assign(targets=[names_tuple(names, ast.Store)], value=call.value), node)
         return [*stmts, call]

@@ -1,16 +1,20 @@
 """``return`` inside a loop -> set the return value and a flag, ``break``, return after the loop.
 
-    while c:                    _jst_retflag = False
-        if d:                   while c:
-            return x     ->         if d:
-        ...                             _jst_retval = x; _jst_retflag = True; break
-                                    ...
-                                if _jst_retflag:
-                                    return _jst_retval
+    for i in ...:                   for i in ...:
+        if d:              ->           if d:
+            return x * i                    _jst_retval = x * i; _jst_retflag = True; break
+        ...                             ...
+    return y                        if _jst_retflag:
+                                        return _jst_retval
+                                    return y
 
-The ``break`` is then handled by ``break_continue`` and the ``if`` after the loop by
-``early_return``. With a tensor loop condition the return value cannot leave the graph loop
-(it has no value before the loop); the runtime then says so and suggests the rewrite.
+A ``return`` at any depth works: in nested loops the inner loop's ``if _jst_retflag: return
+_jst_retval`` is itself a return inside the outer loop, rewritten the same way (inner loops are
+rewritten first). The ``break`` is then handled by ``break_continue``, and the returns after the
+loop by ``early_return``, which also sets the flag and value once at the top of the function (so
+an inner loop does not reset what an outer loop carries). Under a tensor loop condition the
+return value has no value before the loop; the runtime probes the loop body for its shape and
+carries it from zeros (``_jst.While``), and the flag decides after the loop which return is taken.
 """
 
 from __future__ import annotations
@@ -43,9 +47,7 @@ class _LoopReturn(ast.NodeTransformer):
             return node
         node.body = [_ReplaceReturns().visit(s) for s in node.body]
         node.body = [s for stmt in node.body for s in (stmt if isinstance(stmt, list) else [stmt])]
-        before = template(f"{RETFLAG} = False\n{RETVAL} = None", node)
-        after = template(f"if {RETFLAG}:\n    return {RETVAL}", node)
-        return [*before, node, *after]
+        return [node, *template(f"if {RETFLAG}:\n    return {RETVAL}", node)]
 
     visit_For = visit_While = _loop
 
