@@ -38,6 +38,8 @@ LAYOUTS = {
                               "the same with full recompute"),
     "llama3-405b-meta-features": ("llama3-405b", 8192, META + ",sp=true,amp=O2,recompute=full", 8192, 2048,
                                   "the same with sequence parallel, bf16 parameters (O2) and full recompute"),
+    "llama3-405b-meta-offload": ("llama3-405b", 8192, META + ",sp=true,amp=O2,recompute=full,offload=true", 8192, 2048,
+                                 "the same with activation offload (the blocks' inputs in host memory)"),
     "llama3-405b-meta-128k": ("llama3-405b", 16384,
                               "dp=1,sharding=8,stage=2,cp=16,mp=8,pp=16,micro_batch=1,schedule=interleaved,vpp=2,"
                               "sp=true,amp=O2,recompute=full", 131072, 128,
@@ -75,6 +77,7 @@ def summarize(layouts: dict) -> dict:
             "max_sim_over_plan": max(ratios),
             "llama3_405b_features_needs_gb": layouts["llama3-405b-meta-features"]["worst_needs_gb"],
             "llama3_405b_full_needs_gb": layouts["llama3-405b-meta-full"]["worst_needs_gb"],
+            "llama3_405b_offload_needs_gb": layouts["llama3-405b-meta-offload"]["worst_needs_gb"],
             "llama3_405b_128k_needs_gb": layouts["llama3-405b-meta-128k"]["worst_needs_gb"],
             "slowest_rank_s": max(r["seconds"] for layout in layouts.values() for r in layout["ranks"])}
 

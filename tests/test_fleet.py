@@ -244,6 +244,19 @@ def test_zero3_carried_through_pipelines_on_8_ranks(reference, tmp_path):
 
 
 @pytest.mark.timeout(420)
+def test_activation_offload_inside_pipelines_on_8_ranks(reference, tmp_path):
+    """dp2 x mp2 x pp2 with sequence parallel, full recompute and activation offload: every block's
+    input goes to the host copy the checkpoint keeps and comes back for the recompute (on the CPU
+    a copy to the same device, so the autograd graph is a GPU run's), and the losses equal one
+    process. The memory it saves is checked under ``sampan simulate`` (tests/test_offload.py)."""
+    out = tmp_path / "losses.json"
+    run = _torchrun(8, out, "--family", "llama", "--dp", "2", "--mp", "2", "--pp", "2", "--sp", "--accumulate", "2",
+                    "--recompute", "full", "--offload", timeout=400)
+    assert run.returncode == 0, run.stderr[-3000:]
+    _assert_close(_losses(out), reference["llama"])
+
+
+@pytest.mark.timeout(420)
 def test_context_parallel_with_sequence_parallel_inside_pipelines_on_8_ranks(reference, tmp_path):
     """cp2 x mp2 x pp2 with sequence parallel and full recompute: each rank holds a quarter of every
     sequence between the stages (a [4, 16 / 2 / 2, 32] tensor crosses each boundary), attention

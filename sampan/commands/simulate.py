@@ -122,7 +122,8 @@ def _layout_of(strategy, degrees: dict[str, int], global_batch: int, amp: bool):
                   num_micro=pipe.accumulate_steps, recompute=strategy.recompute, schedule=pipe.schedule_mode,
                   vpp=pipe.virtual_pp_degree, sp=bool(strategy.tensor_parallel_configs.sequence_parallel),
                   cp=degrees["cp"], amp_level=amp_configs.level if amp else "O1",
-                  master_weights=amp_configs.use_master_weight, master_grads=amp_configs.use_master_grad)
+                  master_weights=amp_configs.use_master_weight, master_grads=amp_configs.use_master_grad,
+                  offload=strategy.recompute_configs.enable_offload)
 
 
 def _planned(shape, layout, work, stage: int) -> dict[str, float]:

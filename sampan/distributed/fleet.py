@@ -125,6 +125,7 @@ class Fleet:
 
     def _check(self, strategy: DistributedStrategy) -> dict[str, int]:
         strategy.check_precision()
+        strategy.check_recompute()
         return strategy.resolve_degrees(dist.get_world_size())
 
     def _topology(self) -> HybridCommunicateGroup:
@@ -225,7 +226,7 @@ class Fleet:
             else:
                 apply_tensor_parallel(model, hcg.mesh["mp"], plan)
             loss_parallel = uses_loss_parallel(model, plan)
-        apply_recompute(model, strategy.recompute)
+        apply_recompute(model, strategy.recompute, offload=strategy.recompute_configs.enable_offload)
         apply_compile(model, compile)
         self._shard(model)
         new = dict(model.named_parameters(remove_duplicate=False))
@@ -305,7 +306,7 @@ class Fleet:
                                        stage_sequence_parallel_plan(sp_plan, held, module.lm_head is not None))
                 else:
                     apply_tensor_parallel(module, hcg.mesh["mp"], plan, require_match=False, match_names=as_model)
-            apply_recompute(module, strategy.recompute)
+            apply_recompute(module, strategy.recompute, offload=strategy.recompute_configs.enable_offload)
             if compile and recompute_targets(module):  # the embedding / head stages have no blocks
                 apply_compile(module, compile)
             self._shard(module)

@@ -63,6 +63,7 @@ from sampan.distributed.comm_counter import CommCounter
 from sampan.distributed.context_parallel import rank_positions
 from sampan.distributed.strategy import DistributedStrategy
 from sampan.distributed.topology import AXES
+from sampan.nn.recompute import offload_host
 
 
 class _FakeFront(TorchDispatchMode):
@@ -147,7 +148,7 @@ class CountingFakeMode(FakeTensorMode):
         if self._paused:
             return out
         for t in tree_leaves(out):
-            if isinstance(t, FakeTensor):
+            if isinstance(t, FakeTensor) and t.device.type != "meta":  # meta: offloaded to the host
                 storage = t.untyped_storage()
                 key = id(storage)
                 if key not in self._bytes:
@@ -360,7 +361,8 @@ def simulate_rank(model_name: str | dict[str, Any] | Any, strategy: DistributedS
         coords = {axis: hcg.mesh.get_local_rank(axis) for axis in AXES}
         front = _FakeFront()
         mode = CountingFakeMode(allow_non_fake_inputs=True)
-        with mode.counting(), front:
+        # Offloaded activations go to the meta device, which the count leaves out: the host's memory.
+        with mode.counting(), front, offload_host("meta"):
             model = sampan.models.create(_model_config(model_name), **(model_overrides or {}))
             config = model.config
             optimizer = sampan.optimizer.AdamW(learning_rate=1e-4, parameters=model.parameters(),

@@ -187,10 +187,26 @@ class AmpConfig(_Section):
                 raise ValueError(f"AmpConfig.{name} must be True or False, got {getattr(self, name)!r}")
 
 
+@dataclasses.dataclass(frozen=True)
+class RecomputeConfig(_Section):
+    """Options of activation recompute (``strategy.recompute``), under Paddle's names."""
+
+    _attr = "recompute_configs"
+    enable_offload: bool = False
+    """Keep what each recomputed block saves of its input in host memory from its forward to its
+    backward (Paddle's recompute offload): the device holds no block inputs for the micro-batches
+    in flight, for one device-to-host and one host-to-device copy of each per step. Needs
+    ``strategy.recompute`` "full" or "selective"."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enable_offload, bool):
+            raise ValueError(f"RecomputeConfig.enable_offload must be True or False, got {self.enable_offload!r}")
+
+
 _SECTIONS: dict[str, type[_Section]] = {
     "hybrid_configs": HybridConfig, "sharding_configs": ShardingConfig,
     "pipeline_configs": PipelineConfig, "tensor_parallel_configs": TensorParallelConfig,
-    "amp_configs": AmpConfig,
+    "amp_configs": AmpConfig, "recompute_configs": RecomputeConfig,
 }
 
 
@@ -209,9 +225,9 @@ def _section(attr: str) -> property:
 class DistributedStrategy:
     """The hybrid-parallel layout of a run (Paddle's ``fleet.DistributedStrategy``), validated as it is set.
 
-    ``hybrid_configs``, ``sharding_configs``, ``pipeline_configs``, ``tensor_parallel_configs`` and
-    ``amp_configs`` read as dataclasses (also ``cfg["key"]`` and ``dict(cfg)``) and take a whole dataclass or a dict
-    of some keys. ``recompute`` and ``amp`` also take Paddle's booleans. Keyword arguments set the same
+    ``hybrid_configs``, ``sharding_configs``, ``pipeline_configs``, ``tensor_parallel_configs``,
+    ``amp_configs`` and ``recompute_configs`` read as dataclasses (also ``cfg["key"]`` and
+    ``dict(cfg)``) and take a whole dataclass or a dict of some keys. ``recompute`` and ``amp`` also take Paddle's booleans. Keyword arguments set the same
     attributes: ``DistributedStrategy(hybrid_configs={"mp_degree": 2}, amp="bf16")``.
     """
 
@@ -220,17 +236,19 @@ class DistributedStrategy:
     pipeline_configs = _section("pipeline_configs")
     tensor_parallel_configs = _section("tensor_parallel_configs")
     amp_configs = _section("amp_configs")
+    recompute_configs = _section("recompute_configs")
 
     def __init__(self, *, hybrid_configs: Mapping[str, Any] | HybridConfig | None = None,
                  sharding_configs: Mapping[str, Any] | ShardingConfig | None = None,
                  pipeline_configs: Mapping[str, Any] | PipelineConfig | None = None,
                  tensor_parallel_configs: Mapping[str, Any] | TensorParallelConfig | None = None,
                  amp_configs: Mapping[str, Any] | AmpConfig | None = None,
+                 recompute_configs: Mapping[str, Any] | RecomputeConfig | None = None,
                  recompute: str | bool = "none", amp: str | bool | None = None) -> None:
         self._sections: dict[str, Any] = {attr: cls() for attr, cls in _SECTIONS.items()}
         given = {"hybrid_configs": hybrid_configs, "sharding_configs": sharding_configs,
                  "pipeline_configs": pipeline_configs, "tensor_parallel_configs": tensor_parallel_configs,
-                 "amp_configs": amp_configs}
+                 "amp_configs": amp_configs, "recompute_configs": recompute_configs}
         for attr, value in given.items():
             if value is not None:
                 setattr(self, attr, value)
@@ -308,6 +326,13 @@ class DistributedStrategy:
         if self.amp_configs.level == "O2" and self.amp != "bf16":
             raise ValueError(f"amp_configs level 'O2' (bf16 parameters) needs strategy.amp = 'bf16', got amp={self.amp!r}; "
                              "set strategy.amp = 'bf16', or amp_configs = {'level': 'O1'}")
+
+    def check_recompute(self) -> None:
+        """A clear error when offload is on without recompute (set apart, so checked at use)."""
+        if self.recompute_configs.enable_offload and self.recompute == "none":
+            raise ValueError("recompute_configs enable_offload moves the inputs recomputed blocks keep to host memory, "
+                             "so it needs recompute: set strategy.recompute = 'full' (or 'selective'), or "
+                             "recompute_configs = {'enable_offload': False}")
 
     @property
     def pure_bf16(self) -> bool:

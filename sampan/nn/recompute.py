@@ -10,11 +10,22 @@ block with non-reentrant ``torch.utils.checkpoint``.
   core": with ``scaled_dot_product_attention`` the core no longer keeps the ``s x s``
   probabilities (flash / memory-efficient kernels keep O(s) state), so recomputing it alone would
   save almost nothing.
+
+``offload=True`` (Paddle's ``recompute_configs["enable_offload"]``) also moves what a recomputed
+block keeps of its input to host memory during forward and brings it back when backward recomputes
+the block: the device then holds none of the blocks' inputs for the micro-batches in flight, at the
+price of one device-to-host and one host-to-device copy of each per step. The copies run on the
+compute stream (no overlap with the kernels), into pinned memory when the block runs on a GPU.
+The host is the CPU; ``sampan simulate`` points it at the meta device (:func:`offload_host`) so
+that the offloaded bytes leave its device count, as they leave a GPU.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import types
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -46,6 +57,42 @@ def _selective_context():
     return create_selective_checkpoint_contexts(_selective_policy)
 
 
+_HOST: contextvars.ContextVar[str] = contextvars.ContextVar("sampan_offload_host", default="cpu")
+
+
+@contextlib.contextmanager
+def offload_host(device: str) -> Iterator[None]:
+    """Within the block, offloaded activations go to ``device`` instead of the CPU."""
+    token = _HOST.set(device)
+    try:
+        yield
+    finally:
+        _HOST.reset(token)
+
+
+def _to_host(x: torch.Tensor) -> torch.Tensor:
+    """A copy of ``x`` on the host, differentiably (the gradient flows back to ``x``'s device).
+
+    Always a copy, even where the host is ``x``'s device (CPU training): the autograd graph is then
+    the one a GPU run builds, and the caller's tensor is still freed once the caller drops it.
+    """
+    host = torch.device(_HOST.get())
+    if x.device.type == "cuda" and host.type == "cpu" and type(x) is torch.Tensor:
+        # Pinned memory lets the copy run asynchronously on the compute stream; copy_ records autograd.
+        return torch.empty(x.shape, dtype=x.dtype, device=host, pin_memory=True).copy_(x, non_blocking=True)
+    return x.to(host, copy=True)
+
+
+def _offloaded(forward, device: torch.device):
+    """``forward`` taking its first argument from the host: moved back to ``device`` when it runs
+    (in forward, and again when backward recomputes it)."""
+
+    def run(held: torch.Tensor, *args, **kwargs):
+        return forward(held.to(device, non_blocking=True), *args, **kwargs)
+
+    return run
+
+
 def recompute_targets(model: nn.Module) -> list[nn.Module]:
     """The blocks to wrap: sampan ``TransformerBlock``s, else every element of every ``ModuleList``."""
     blocks = [m for m in model.modules() if isinstance(m, TransformerBlock)]
@@ -65,22 +112,34 @@ def _recompute_forward(self: nn.Module, *args, **kwargs):
     if not torch.is_grad_enabled():
         return forward(*args, **kwargs)
     extra = {"context_fn": _selective_context} if self._sampan_recompute == "selective" else {}
+    if self._sampan_offload and args and isinstance(args[0], torch.Tensor):
+        # The checkpoint keeps its arguments for the recompute: hand it the host copy of the input,
+        # so the device copy is freed once the caller drops it.
+        x, *rest = args
+        return checkpoint(_offloaded(forward, x.device), _to_host(x), *rest, use_reentrant=False, **extra, **kwargs)
     return checkpoint(forward, *args, use_reentrant=False, **extra, **kwargs)
 
 
-def apply_recompute(model: nn.Module, mode: str) -> int:
+def apply_recompute(model: nn.Module, mode: str, offload: bool = False) -> int:
     """Wrap ``model``'s blocks for ``mode`` ("none", "full", "selective"); returns how many.
 
-    Idempotent per mode; switching mode rewraps. State-dict keys do not change.
+    ``offload``: keep each block's input on the host between forward and backward (needs a
+    recompute mode: without one a block keeps far more than its input). Idempotent per mode;
+    switching mode rewraps. State-dict keys do not change.
     """
     if mode not in ("none", "full", "selective"):
         raise ValueError(f"recompute mode must be 'none', 'full' or 'selective', got {mode!r}")
+    if offload and mode == "none":
+        raise ValueError("activation offload moves the inputs that recomputed blocks keep to the host, so it needs "
+                         "recompute: set recompute to 'full' (or 'selective'), or turn offload off")
     targets = recompute_targets(model)
     for block in targets:
         if "_sampan_recompute" in block.__dict__:
             del block.forward  # drop the instance override; the class forward shows through again
             del block._sampan_recompute
+            del block._sampan_offload
         if mode != "none":
             block._sampan_recompute = mode
+            block._sampan_offload = offload
             block.forward = types.MethodType(_recompute_forward, block)
     return len(targets) if mode != "none" else 0

@@ -129,7 +129,8 @@ def _layout(args: dict[str, Any], saved: dict[str, Any]) -> tuple[Layout, int]:
                     schedule=schedule, vpp=vpp, sp=bool(tp.get("sequence_parallel", False)),
                     cp=int(degrees.get("cp", 1)), amp_level=str(amp.get("level", "O1")),
                     master_weights=bool(amp.get("use_master_weight", True)),
-                    master_grads=bool(amp.get("use_master_grad", True)))
+                    master_grads=bool(amp.get("use_master_grad", True)),
+                    offload=recompute != "none" and bool((strategy.get("recompute_configs") or {}).get("enable_offload")))
     return layout, world
 
 
@@ -196,6 +197,7 @@ def cpu_hardware(run: RunRecord, overrides: dict[str, float | None]) -> tuple[Ha
     notes.append(f"matmul efficiency {eff:g} of that rate (--matmul-efficiency overrides); collectives not overlapped")
     hw = Hardware("cpu (this machine)", gpus_per_node=max(1, run.world_size), memory_gb=1e6, tflops=tflops,
                   intra_node_gbps=gbps, inter_node_gbps=8 * CPU_LINK_GBYTES_PER_S, hbm_gbps=20.0,
+                  host_gbps=math.inf,  # offload on the CPU copies nothing: the "device" is the host
                   latency_intra_us=CPU_LINK_LATENCY_US, latency_inter_us=CPU_LINK_LATENCY_US, matmul_efficiency=eff)
     notes.append("optimizer step priced at an assumed 20 GB/s of memory bandwidth")
     return hw, notes

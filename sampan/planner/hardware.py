@@ -4,6 +4,9 @@ Bandwidths are given in the units vendors quote, and converted here once:
 
 * ``intra_node_gbps``: NVLink bandwidth per GPU in GB/s, both directions summed (A100: 600,
   H100/H200: 900, as NVIDIA's datasheets list it). One direction carries half.
+* ``host_gbps``: copies between device and host memory in GB/s, one direction, as pinned
+  ``cudaMemcpyAsync`` reaches over the GPU's PCIe x16 link (about 80% of PCIe 4.0's 32 GB/s on
+  A100, of PCIe 5.0's 64 GB/s on H100 / H200); what activation offload moves.
 * ``inter_node_gbps``: the network bandwidth per GPU in Gb/s (bits; one 200 Gb/s HDR or
   400 Gb/s NDR InfiniBand NIC per GPU in DGX-class nodes), one direction.
 
@@ -45,6 +48,8 @@ class Hardware:
     """Network Gb/s per GPU, one direction."""
     hbm_gbps: float = 2039.0
     """Device memory bandwidth in GB/s (prices the optimizer step)."""
+    host_gbps: float = 25.0
+    """Device-host copy bandwidth in GB/s, one direction (prices activation offload)."""
     link_efficiency: float = 0.8
     latency_intra_us: float = 5.0
     latency_inter_us: float = 15.0
@@ -58,7 +63,7 @@ class Hardware:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"hardware {name} must be an integer >= 1, got {value!r}")
-        for name in ("memory_gb", "tflops", "intra_node_gbps", "inter_node_gbps", "hbm_gbps"):
+        for name in ("memory_gb", "tflops", "intra_node_gbps", "inter_node_gbps", "hbm_gbps", "host_gbps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"hardware {name} must be a number > 0, got {value!r}")
@@ -95,8 +100,8 @@ class Hardware:
 # Networks are the DGX reference designs: one 200 Gb/s HDR NIC per A100, one 400 Gb/s NDR NIC per H100/H200.
 PRESETS: dict[str, Hardware] = {
     "a100-80g": Hardware("a100-80g", 8, 80.0, 312.0, 600.0, 200.0, 2039.0),
-    "h100-80g": Hardware("h100-80g", 8, 80.0, 989.0, 900.0, 400.0, 3350.0),
-    "h200": Hardware("h200", 8, 141.0, 989.0, 900.0, 400.0, 4800.0),
+    "h100-80g": Hardware("h100-80g", 8, 80.0, 989.0, 900.0, 400.0, 3350.0, host_gbps=50.0),
+    "h200": Hardware("h200", 8, 141.0, 989.0, 900.0, 400.0, 4800.0, host_gbps=50.0),
 }
 
 

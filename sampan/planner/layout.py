@@ -65,6 +65,7 @@ class Layout:
     amp_level: str = "O1"
     master_weights: bool = True
     master_grads: bool = True
+    offload: bool = False
 
     def __post_init__(self) -> None:
         if self.amp_level not in AMP_LEVELS:
@@ -77,6 +78,9 @@ class Layout:
             raise ValueError(f"layout sharding stage must be 1, 2 or 3, got {self.stage!r}")
         if self.recompute not in RECOMPUTE_MODES:
             raise ValueError(f"recompute must be one of {list(RECOMPUTE_MODES)}, got {self.recompute!r}")
+        if self.offload and self.recompute == "none":
+            raise ValueError("offload keeps the inputs of recomputed blocks in host memory, so it needs recompute: "
+                             "add recompute=full (or selective), or drop offload")
         if self.schedule not in SCHEDULE_MODES:
             raise ValueError(f"schedule must be one of {list(SCHEDULE_MODES)} (or 1f1b / interleaved / gpipe), "
                              f"got {self.schedule!r}")
@@ -108,6 +112,8 @@ class Layout:
         if self.amp_level == "O2":
             parts.append("O2" + ("" if self.master_weights else " no-master-weights")
                          + ("" if self.master_grads else " bf16-grads"))
+        if self.offload:
+            parts.append("offload")
         return " ".join(parts)
 
     def schedule_label(self) -> str:
@@ -133,11 +139,12 @@ class Layout:
             tensor_parallel_configs={"sequence_parallel": self.sp},
             amp_configs={"level": self.amp_level, "use_master_weight": self.master_weights,
                          "use_master_grad": self.master_grads},
+            recompute_configs={"enable_offload": self.offload},
             recompute=self.recompute, amp=amp)
 
 
 # How ``--fix`` looks in ``--help`` (``sampan plan`` and ``sampan simulate`` both take it).
-FIX_METAVAR = "dp=..,mp=..,pp=..,cp=..,sharding=..,micro_batch=..,recompute=..,schedule=..,vpp=..,amp=O2"
+FIX_METAVAR = "dp=..,mp=..,pp=..,cp=..,sharding=..,micro_batch=..,recompute=..,schedule=..,vpp=..,amp=O2,offload=true"
 
 
 def parse_fix(text: str, gpus: int, workload: Workload) -> Layout:
@@ -146,10 +153,11 @@ def parse_fix(text: str, gpus: int, workload: Workload) -> Layout:
     Missing degrees: ``dp`` takes the GPUs the others leave; ``num_micro`` follows from the global
     batch; ``stage`` defaults to 1, ``schedule`` to 1F1B (interleaved when vpp >= 2). Also ``cp``
     (context parallel), ``sp`` (sequence parallel), ``amp=O1|O2`` and, at O2, ``master_weights`` /
-    ``master_grads`` (true / false).
+    ``master_grads`` (true / false), ``offload`` (true / false: recomputed blocks' inputs in host
+    memory).
     """
     ints = ("dp", "mp", "pp", "sharding", "stage", "micro_batch", "num_micro", "vpp", "cp")
-    bools = ("sp", "master_weights", "master_grads")
+    bools = ("sp", "master_weights", "master_grads", "offload")
     allowed = (*ints, "recompute", "schedule", "amp", *bools)
     given: dict = {}
     from sampan.utils.settings import coerce, parse_bool, split_assignment

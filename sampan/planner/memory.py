@@ -182,6 +182,15 @@ def block_input_alias_bytes(model: ModelShape, layout: Layout, work: Workload, r
     return 0.0                     # O2 RMSNorm keeps a new fp32 copy, not its input
 
 
+def offloaded_input_bytes(model: ModelShape, layout: Layout, work: Workload) -> float:
+    """Of a recomputed block's kept bytes per micro-batch, those of its input, which offload keeps in
+    host memory instead (0 without offload); backward brings one block's back while it recomputes."""
+    if not layout.offload:
+        return 0.0
+    b = _Bytes.of(layout, work)
+    return b.residual * tokens_per_rank(layout, work) * model.hidden / (layout.mp if layout.sp else 1)
+
+
 @functools.lru_cache(maxsize=65536)
 def in_flight_states(pp: int, vpp: int, num_micro: int, rank: int,
                      schedule: str) -> tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...]:
@@ -316,8 +325,10 @@ def _in_flight_bytes(model: ModelShape, layout: Layout, work: Workload, stage: i
     per parameter of each chunk already reduced (its sharded gradients)."""
     chunks = layout.pp * layout.vpp
     base, extra = divmod(model.layers, chunks)
-    per_layer = layer_activation_bytes(model, layout, work, layout.recompute)
-    alias = block_input_alias_bytes(model, layout, work, layout.recompute) if layout.pp > 1 else 0.0
+    offloaded = offloaded_input_bytes(model, layout, work)
+    per_layer = layer_activation_bytes(model, layout, work, layout.recompute) - offloaded
+    # The first block's input is the receive buffer (counted there), unless only its host copy is kept.
+    alias = block_input_alias_bytes(model, layout, work, layout.recompute) if layout.pp > 1 and not offloaded else 0.0
     bnd = boundary_bytes(model, layout, work)
     weights, params = [], []
     for c in range(stage, chunks, layout.pp):
@@ -405,7 +416,8 @@ def _stage_memory(model: ModelShape, layout: Layout, work: Workload, stage: int)
     backward = unit * ((2 + 4 * b.autocast) if work.amp else 4)
     if layout.recompute != "none":
         backward += (layer_activation_bytes(model, layout, work, "none")
-                     - layer_activation_bytes(model, layout, work, layout.recompute))
+                     - layer_activation_bytes(model, layout, work, layout.recompute)
+                     + offloaded_input_bytes(model, layout, work))
     acts = _in_flight_bytes(model, layout, work, stage, accumulating, reduced, backward)
     if accumulating:  # the moments priced hold their gradients (accumulating or reduced) themselves
         acts -= grads

@@ -24,6 +24,7 @@ def plan_row(plan: Plan) -> dict[str, Any]:
             "master_weights": lay.master_weights, "master_grads": lay.master_grads,
             "vpp": lay.vpp, "schedule": lay.schedule_label(),
             "micro_batch": lay.micro_batch, "micro_batches": lay.num_micro, "recompute": lay.recompute,
+            "offload": lay.offload,
             "memory_gb": plan.memory.total / 1e9, "step_s": plan.time.total, "tokens_per_s": plan.tokens_per_s,
             "mfu": plan.mfu, "bottleneck": plan.time.bottleneck, "fits": plan.fits}
 
@@ -64,7 +65,8 @@ def print_table(model: ModelShape, hw: Hardware, work: Workload, gpus: int, plan
         mem = _gb(plan.memory.total) if plan.fits else f"[red]{_gb(plan.memory.total)} (> {hw.memory_gb:g})[/red]"
         amp = (lay.amp_level if work.amp else "fp32") + ("" if lay.master_weights else " bf16-state")
         table.add_row(str(i), str(lay.dp), shard, str(lay.pp), str(lay.cp), f"{lay.mp}{'+sp' if lay.sp else ''}",
-                      amp, lay.schedule_label(), f"{lay.micro_batch} x {lay.num_micro}", lay.recompute, mem,
+                      amp, lay.schedule_label(), f"{lay.micro_batch} x {lay.num_micro}",
+                      lay.recompute + ("+offload" if lay.offload else ""), mem,
                       f"{plan.time.total:.2f}", f"{plan.tokens_per_s:,.0f}", f"{plan.mfu:.1%}", plan.time.bottleneck)
     console.print(table)
     if result is not None:
@@ -77,7 +79,8 @@ def print_table(model: ModelShape, hw: Hardware, work: Workload, gpus: int, plan
                       f"activations {_gb(m.activations)} + buffers {_gb(m.buffers)} + reserved {_gb(m.reserved)} GB "
                       f"(pipeline stage {m.stage})")
         console.print(f"#1 step: compute {t.compute:.2f} + tensor-parallel {t.tensor_parallel:.2f} + bubble {t.bubble:.2f}"
-                      f" + p2p {t.pipeline_p2p:.2f} + data-parallel {t.data_parallel:.2f} + optimizer {t.optimizer:.2f} s")
+                      f" + p2p {t.pipeline_p2p:.2f} + data-parallel {t.data_parallel:.2f} + optimizer {t.optimizer:.2f}"
+                      + (f" + offload copies {t.offload:.2f}" if t.offload else "") + " s")
         how = "as given" if hw.matmul_efficiency is not None else f"width curve at h={model.hidden}"
         console.print(f"compute priced at {hw.efficiency(model.hidden):.1%} of peak ({how}; docs/planner.md)")
 

@@ -13,7 +13,9 @@ bf16 the search prices AMP level O2 (bf16 parameters with fp32 master weights), 
 more memory than O1 (autocast over fp32 parameters) and moves half the gathered bytes at the
 same compute; ``--fix amp=O1`` prices O1. ZeRO stage 1 runs as stage 2 in sampan (FSDP2), so the
 search tries stages 2 and 3. The vocabulary is padded to a multiple of 128 x mp when mp does not
-divide it (``--write-strategy`` writes the padded size).
+divide it (``--write-strategy`` writes the padded size). Full recompute is also tried with
+activation offload (the blocks' inputs in host memory), priced as copies on the compute stream, so
+it wins only where memory forces it.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ MAX_VPP = 8
 MAX_MICRO_BATCH = 64
 MAX_CP = 16
 CP_FROM_SEQ_LEN = 8192
+# (recompute, offload): offload only with full recompute, where the block inputs are all it keeps.
+RECOMPUTE_CHOICES = (("none", False), ("selective", False), ("full", False), ("full", True))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,10 +131,10 @@ def layouts(model: ModelShape, gpus: int, work: Workload, hw: Hardware) -> Itera
                             continue
                         for sp in ((False, True) if mp > 1 else (False,)):
                             for stage in stages:
-                                for recompute in ("none", "selective", "full"):
+                                for recompute, offload in RECOMPUTE_CHOICES:
                                     for level in levels:
                                         yield Layout(dp, mp, pp, sharding, stage, mb, num_micro, recompute,
-                                                     schedule, vpp, sp, cp, level)
+                                                     schedule, vpp, sp, cp, level, offload=offload)
 
 
 @dataclasses.dataclass

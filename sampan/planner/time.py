@@ -22,7 +22,9 @@
   ranks (ZeRO-3: all-gather twice and reduce-scatter per micro-batch). FSDP2 prefetches the next
   block's all-gather and issues reduce-scatters while backward continues, so these overlap with
   the micro-batch they belong to; one block's worth stays exposed at each end;
-* optimizer: AdamW reads and writes its state once (device-memory bound).
+* optimizer: AdamW reads and writes its state once (device-memory bound);
+* offload: each block's input copied to the host in forward and back for its recompute, at
+  ``Hardware.host_gbps``, on the compute stream (sampan does not overlap these copies).
 
 Collectives use the alpha-beta ring model over the slowest link of the group: a group whose ranks
 span more GPUs than a node holds crosses the network.
@@ -35,7 +37,13 @@ import math
 
 from sampan.planner.hardware import Hardware
 from sampan.planner.layout import Layout, Workload
-from sampan.planner.memory import boundary_bytes, stage_params, state_bytes, tokens_per_rank
+from sampan.planner.memory import (
+    boundary_bytes,
+    offloaded_input_bytes,
+    stage_params,
+    state_bytes,
+    tokens_per_rank,
+)
 from sampan.planner.model_shape import ModelShape
 
 
@@ -49,16 +57,19 @@ class StepTime:
     pipeline_p2p: float
     data_parallel: float
     optimizer: float
+    offload: float = 0.0
+    """Activation offload's device-host copies (on the compute stream, so not hidden)."""
 
     @property
     def total(self) -> float:
         return (self.compute + self.tensor_parallel + self.bubble + self.pipeline_p2p + self.data_parallel
-                + self.optimizer)
+                + self.optimizer + self.offload)
 
     @property
     def bottleneck(self) -> str:
         parts = {"compute": self.compute, "TP comm": self.tensor_parallel, "bubble": self.bubble,
-                 "p2p": self.pipeline_p2p, "DP comm": self.data_parallel, "optimizer": self.optimizer}
+                 "p2p": self.pipeline_p2p, "DP comm": self.data_parallel, "optimizer": self.optimizer,
+                 "offload": self.offload}
         name = max(parts, key=parts.get)
         if name == "compute":  # say what else costs most, as the thing to watch
             others = {k: v for k, v in parts.items() if k != "compute"}
@@ -125,7 +136,11 @@ def step_time(model: ModelShape, layout: Layout, work: Workload, hw: Hardware, o
         tp_mb += layers * (gathers * ring_time("all_gather", kv, layout.cp, link)
                            + ring_time("reduce_scatter", kv, layout.cp, link))
 
-    slot = compute_mb + tp_mb          # one micro-batch through one stage, forward + backward
+    # -- activation offload, per micro-batch: each block's input to the host in forward and back
+    # for its recompute, copied on the compute stream (sampan does not overlap them) ----------------
+    offload_mb = 2 * layers * offloaded_input_bytes(model, layout, work) / (hw.host_gbps * 1e9)
+
+    slot = compute_mb + tp_mb + offload_mb  # one micro-batch through one stage, forward + backward
     compute = m * compute_mb
     tensor_parallel = m * tp_mb
     bubble = (p - 1) / v * slot if p > 1 else 0.0
@@ -163,7 +178,7 @@ def step_time(model: ModelShape, layout: Layout, work: Workload, hw: Hardware, o
 
     # -- optimizer: AdamW reads params, grads, two moments and writes three (fp32) ---------------
     optimizer = 7 * state_bytes(layout)[0] * n_stage / shard / (hw.hbm_gbps * 1e9)
-    return StepTime(compute, tensor_parallel, bubble, p2p, dp_comm, optimizer)
+    return StepTime(compute, tensor_parallel, bubble, p2p, dp_comm, optimizer, m * offload_mb)
 
 
 def _exposed(comm: float, overlappable: float, unit_frac: float, overlap: bool) -> float:

@@ -257,4 +257,21 @@ MUTATIONS: tuple[Mutation, ...] = (
         "reduce = torch.bfloat16",
         ("tests/test_fleet.py", "-k", "amp_levels"),
     ),
+    Mutation(
+        "offloaded-input-detached",
+        "issue 28: activation offload keeping a detached host copy of a block's input (the values are "
+        "right, the gradient stops at every block)",
+        "sampan/nn/recompute.py",
+        "    return x.to(host, copy=True)",
+        "    return x.detach().to(host, copy=True)",
+        ("tests/test_offload.py", "tests/test_fleet.py", "-k", "offload"),
+    ),
+    Mutation(
+        "offload-planned-as-kept",
+        "issue 28: the planner pricing offload's block inputs as still on the device",
+        "sampan/planner/memory.py",
+        "    if not layout.offload:\n        return 0.0",
+        "    if True:\n        return 0.0",
+        ("tests/test_offload.py", "tests/test_simulate.py", "-k", "offload or committed"),
+    ),
 )

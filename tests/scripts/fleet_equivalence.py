@@ -157,6 +157,7 @@ def main() -> None:
     parser.add_argument("--no-master-grad", action="store_true", help="O2: reduce gradients in bf16")
     parser.add_argument("--no-master-weight", action="store_true", help="O2: bf16 parameters and optimizer state")
     parser.add_argument("--recompute", default="none")
+    parser.add_argument("--offload", action="store_true", help="recomputed blocks keep their inputs on the host")
     parser.add_argument("--diagnostics", action="store_true",
                         help="also record, per rank, what the first step sent and held (see record_diagnostics)")
     parser.add_argument("--save-after", type=int, default=0, help="save a DCP checkpoint here after N steps, stop")
@@ -204,6 +205,7 @@ def main() -> None:
             strategy.amp_configs = {"level": "O2", "use_master_grad": not args.no_master_grad,
                                     "use_master_weight": not args.no_master_weight}
         strategy.recompute = args.recompute
+        strategy.recompute_configs = {"enable_offload": args.offload}
         strategy.sharding_configs = {"stage": args.stage}
         strategy.pipeline_configs = {"accumulate_steps": args.accumulate, "schedule_mode": args.schedule,
                                      "virtual_pp_degree": args.vpp}
