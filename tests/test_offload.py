@@ -91,6 +91,13 @@ def test_the_strategy_carries_offload_through_plans_and_run_files():
     strategy = layout.to_strategy()
     assert strategy.recompute_configs.enable_offload and strategy.recompute == "full"
     assert DistributedStrategy.from_dict(strategy.to_dict()) == strategy
+    # ... and back: what `sampan simulate` and `plan --from-run` read from a strategy is the layout.
+    for fix in ("mp=8,pp=4,recompute=full,offload=true",
+                "sharding=4,pp=4,cp=2,stage=3,schedule=interleaved,vpp=2,sp=true,amp=O2,master_grads=false"):
+        layout = parse_fix(fix, 64, work)
+        degrees = {"dp": layout.dp, "sharding": layout.sharding, "pp": layout.pp, "cp": layout.cp, "mp": layout.mp}
+        assert Layout.from_strategy(layout.to_strategy().to_dict(), degrees, layout.micro_batch,
+                                    layout.num_micro) == layout
 
 
 def test_the_planner_prices_offload_as_less_memory_and_copy_time():

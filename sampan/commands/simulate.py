@@ -116,14 +116,8 @@ def _layout_of(strategy, degrees: dict[str, int], global_batch: int, amp: bool):
     if global_batch % (data * pipe.accumulate_steps):
         raise ValueError(f"the global batch {global_batch} does not split into data ranks ({data}) x micro-batches "
                          f"(accumulate_steps {pipe.accumulate_steps})")
-    amp_configs = strategy.amp_configs
-    return Layout(dp=degrees["dp"], mp=degrees["mp"], pp=degrees["pp"], sharding=degrees["sharding"],
-                  stage=strategy.sharding_configs.stage, micro_batch=global_batch // (data * pipe.accumulate_steps),
-                  num_micro=pipe.accumulate_steps, recompute=strategy.recompute, schedule=pipe.schedule_mode,
-                  vpp=pipe.virtual_pp_degree, sp=bool(strategy.tensor_parallel_configs.sequence_parallel),
-                  cp=degrees["cp"], amp_level=amp_configs.level if amp else "O1",
-                  master_weights=amp_configs.use_master_weight, master_grads=amp_configs.use_master_grad,
-                  offload=strategy.recompute_configs.enable_offload)
+    return Layout.from_strategy(strategy.to_dict(), degrees, micro_batch=global_batch // (data * pipe.accumulate_steps),
+                                num_micro=pipe.accumulate_steps, amp=amp)
 
 
 def _planned(shape, layout, work, stage: int) -> dict[str, float]:

@@ -227,8 +227,9 @@ class DistributedStrategy:
 
     ``hybrid_configs``, ``sharding_configs``, ``pipeline_configs``, ``tensor_parallel_configs``,
     ``amp_configs`` and ``recompute_configs`` read as dataclasses (also ``cfg["key"]`` and
-    ``dict(cfg)``) and take a whole dataclass or a dict of some keys. ``recompute`` and ``amp`` also take Paddle's booleans. Keyword arguments set the same
-    attributes: ``DistributedStrategy(hybrid_configs={"mp_degree": 2}, amp="bf16")``.
+    ``dict(cfg)``) and take a whole dataclass or a dict of some keys. ``recompute`` and ``amp`` also
+    take Paddle's booleans. Keyword arguments set the same attributes:
+    ``DistributedStrategy(hybrid_configs={"mp_degree": 2}, amp="bf16")``.
     """
 
     hybrid_configs = _section("hybrid_configs")

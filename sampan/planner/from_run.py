@@ -110,27 +110,12 @@ def _train_windows(output_dir: Path) -> list[dict[str, Any]]:
 
 
 def _layout(args: dict[str, Any], saved: dict[str, Any]) -> tuple[Layout, int]:
-    strategy = args.get("strategy") or {}
     degrees = saved.get("degrees") or {"dp": 1, "sharding": 1, "pp": 1, "cp": 1, "mp": 1}
     world = int(saved.get("world_size") or math.prod(degrees.values()))
-    sharding = strategy.get("sharding_configs") or {}
-    pipe = strategy.get("pipeline_configs") or {}
-    tp = strategy.get("tensor_parallel_configs") or {}
-    pp = int(degrees["pp"])
-    vpp = int(pipe.get("virtual_pp_degree", 1)) if pp > 1 else 1
-    schedule = pipe.get("schedule_mode", "1F1B") if pp > 1 else "1F1B"
-    if vpp < 2 and schedule == "Interleaved1F1B":
-        schedule = "1F1B"
-    recompute = args.get("recompute") or strategy.get("recompute") or "none"
-    amp = strategy.get("amp_configs") or {}
-    layout = Layout(dp=int(degrees["dp"]), mp=int(degrees["mp"]), pp=pp, sharding=int(degrees["sharding"]),
-                    stage=int(sharding.get("stage", 1)), micro_batch=int(args["per_device_train_batch_size"]),
-                    num_micro=int(args.get("gradient_accumulation_steps", 1)), recompute=str(recompute),
-                    schedule=schedule, vpp=vpp, sp=bool(tp.get("sequence_parallel", False)),
-                    cp=int(degrees.get("cp", 1)), amp_level=str(amp.get("level", "O1")),
-                    master_weights=bool(amp.get("use_master_weight", True)),
-                    master_grads=bool(amp.get("use_master_grad", True)),
-                    offload=recompute != "none" and bool((strategy.get("recompute_configs") or {}).get("enable_offload")))
+    layout = Layout.from_strategy(args.get("strategy") or {}, degrees,
+                                  micro_batch=int(args["per_device_train_batch_size"]),
+                                  num_micro=int(args.get("gradient_accumulation_steps", 1)),
+                                  recompute=args.get("recompute") or None)
     return layout, world
 
 
@@ -197,9 +182,9 @@ def cpu_hardware(run: RunRecord, overrides: dict[str, float | None]) -> tuple[Ha
     notes.append(f"matmul efficiency {eff:g} of that rate (--matmul-efficiency overrides); collectives not overlapped")
     hw = Hardware("cpu (this machine)", gpus_per_node=max(1, run.world_size), memory_gb=1e6, tflops=tflops,
                   intra_node_gbps=gbps, inter_node_gbps=8 * CPU_LINK_GBYTES_PER_S, hbm_gbps=20.0,
-                  host_gbps=math.inf,  # offload on the CPU copies nothing: the "device" is the host
+                  host_gbps=20.0,  # offload on the CPU copies within the same memory, at the bandwidth assumed
                   latency_intra_us=CPU_LINK_LATENCY_US, latency_inter_us=CPU_LINK_LATENCY_US, matmul_efficiency=eff)
-    notes.append("optimizer step priced at an assumed 20 GB/s of memory bandwidth")
+    notes.append("optimizer step (and offload's copies) priced at an assumed 20 GB/s of memory bandwidth")
     return hw, notes
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # sampan.distributed imports torch; the planner must not (see to_strategy)
     from sampan.distributed.strategy import DistributedStrategy
@@ -123,6 +124,37 @@ class Layout:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_strategy(cls, strategy: Mapping[str, Any], degrees: Mapping[str, int], micro_batch: int,
+                      num_micro: int, recompute: str | None = None, amp: bool = True) -> Layout:
+        """The layout a strategy runs, read from its plain-dict form (``DistributedStrategy.to_dict()``
+        or a run file's ``[strategy]`` table), so planning never imports torch.
+
+        ``degrees``: as ``DistributedStrategy.resolve_degrees`` gives them. ``recompute``: overrides
+        the strategy's (the Trainer's own argument). ``amp`` False prices the AMP level as O1 (fp32).
+        Without a pipeline the schedule is 1F1B; Paddle's schedule names are accepted.
+        """
+        sharding = strategy.get("sharding_configs") or {}
+        pipe = strategy.get("pipeline_configs") or {}
+        tp = strategy.get("tensor_parallel_configs") or {}
+        precision = strategy.get("amp_configs") or {}
+        pp = int(degrees.get("pp", 1))
+        vpp = int(pipe.get("virtual_pp_degree", 1)) if pp > 1 else 1
+        schedule = str(pipe.get("schedule_mode", "1F1B")) if pp > 1 else "1F1B"
+        schedule = SCHEDULE_NAMES.get(schedule.lower(), schedule)
+        if vpp < 2 and schedule == "Interleaved1F1B":
+            schedule = "1F1B"
+        recompute = str(recompute or strategy.get("recompute") or "none")
+        offload = bool((strategy.get("recompute_configs") or {}).get("enable_offload", False))
+        return cls(dp=int(degrees.get("dp", 1)), mp=int(degrees.get("mp", 1)), pp=pp,
+                   sharding=int(degrees.get("sharding", 1)), stage=int(sharding.get("stage", 1)),
+                   micro_batch=micro_batch, num_micro=num_micro, recompute=recompute, schedule=schedule, vpp=vpp,
+                   sp=bool(tp.get("sequence_parallel", False)), cp=int(degrees.get("cp", 1)),
+                   amp_level=str(precision.get("level", "O1")) if amp else "O1",
+                   master_weights=bool(precision.get("use_master_weight", True)),
+                   master_grads=bool(precision.get("use_master_grad", True)),
+                   offload=offload and recompute != "none")
 
     def to_strategy(self, amp: str | None = "bf16") -> DistributedStrategy:
         """The ``DistributedStrategy`` that runs this layout in sampan."""

@@ -14,8 +14,8 @@ more memory than O1 (autocast over fp32 parameters) and moves half the gathered 
 same compute; ``--fix amp=O1`` prices O1. ZeRO stage 1 runs as stage 2 in sampan (FSDP2), so the
 search tries stages 2 and 3. The vocabulary is padded to a multiple of 128 x mp when mp does not
 divide it (``--write-strategy`` writes the padded size). Full recompute is also tried with
-activation offload (the blocks' inputs in host memory), priced as copies on the compute stream, so
-it wins only where memory forces it.
+activation offload (the blocks' inputs in host memory), priced with its copies on the compute
+stream, so it ranks below the same layout without offload whenever both fit.
 """
 
 from __future__ import annotations
