@@ -35,13 +35,11 @@ from sampan.jit import (
 )
 from sampan.jit.diagnose import own_error, to_dy2static
 from sampan.jit.errors import Dy2StaticError
+from sampan.jit.passes.loop_return import RETURN_PREFIX
 from sampan.jit.probe import probe, probing
 from sampan.jit.tensor_array import Element, TensorArray
 
 _NUMBER = (bool, int, float, torch.SymInt, torch.SymFloat, torch.SymBool)
-# Generated names whose value may first appear inside tensor control flow (loop_return /
-# early_return): a probe gives them a starting value instead of leaving them local.
-_RETURN_PREFIX = "_jst_ret"
 
 
 class UndefinedVar:
@@ -210,7 +208,7 @@ def _probe_merge(first: Sequence[Any], second: Sequence[Any], before: Sequence[A
     for a, b, base, name in zip(first, second, before, names, strict=True):
         if _is_undefined(a) or _is_undefined(b):
             value = b if _is_undefined(a) else a
-            if not name.startswith(_RETURN_PREFIX):
+            if not name.startswith(RETURN_PREFIX):
                 value = UndefinedVar(name, "it has a value on only some paths of a tensor condition")
         elif isinstance(base, (list, TensorArray)):
             plan = _list_plan(base, a, b, name, where)
@@ -296,7 +294,7 @@ def IfElse(pred: Any, true_fn: Callable, false_fn: Callable, args: tuple, names:
     values = list(args)
     limits: dict[int, Any] = {}
     extend: dict[int, int] = {}
-    returns = [i for i, v in enumerate(values) if _is_undefined(v) and names[i].startswith(_RETURN_PREFIX)
+    returns = [i for i, v in enumerate(values) if _is_undefined(v) and names[i].startswith(RETURN_PREFIX)
                and names[i] not in both]
     appended = [i for i, v in enumerate(values) if isinstance(v, (list, TensorArray))]
     unsure = [i for i, v in enumerate(values) if _is_undefined(v) and names[i] in maybe]
@@ -451,7 +449,7 @@ def _probe_iteration(body_fn: Callable, values: tuple, names: tuple[str, ...], w
     outs = body_fn(*_copy_lists(values))
     merged = []
     for before, after, name in zip(values, outs, names, strict=True):
-        if _is_undefined(before) and not name.startswith(_RETURN_PREFIX):
+        if _is_undefined(before) and not name.startswith(RETURN_PREFIX):
             after = UndefinedVar(name, f"it is assigned inside the tensor 'while' at {where} but has no value "
                                        "before the loop; initialise it before the loop")
         elif _growth(before, after) > 0:
@@ -465,7 +463,7 @@ def _tensor_while(cond_fn: Callable, body_fn: Callable, args: tuple, names: tupl
                   where: str, bound: Any) -> tuple:
     values = list(args)
     per_iteration: dict[int, tuple] = {}
-    returns = [i for i, v in enumerate(values) if _is_undefined(v) and names[i].startswith(_RETURN_PREFIX)]
+    returns = [i for i, v in enumerate(values) if _is_undefined(v) and names[i].startswith(RETURN_PREFIX)]
     appended = [i for i, v in enumerate(values) if isinstance(v, (list, TensorArray))]
     if returns or appended:
         outs = probe(body_fn, *_copy_lists(values))

@@ -42,7 +42,8 @@ def _int_bounds(items: tuple) -> tuple:
     return tuple(slice(bound(i.start), bound(i.stop), bound(i.step)) if _tensor_bound(i) else i for i in items)
 
 
-def _wrap(t: torch.Tensor, size: Any) -> torch.Tensor:
+def wrap_index(t: torch.Tensor, size: Any) -> torch.Tensor:
+    """A 0-d integer tensor index as int64, a negative one counted from ``size`` (as Python does)."""
     t = t.reshape(()).to(torch.int64)
     return torch.where(t < 0, t + size, t)
 
@@ -87,7 +88,7 @@ def get_item(value: Any, index: Any, where: str) -> Any:
     basic, picks = _split(value.dim(), items)
     out = value[tuple(basic)]
     for dim, t in reversed(picks):  # from the last, so earlier dims keep their positions
-        out = out.index_select(dim, _wrap(t, out.shape[dim]).reshape(1)).squeeze(dim)
+        out = out.index_select(dim, wrap_index(t, out.shape[dim]).reshape(1)).squeeze(dim)
     return out
 
 
@@ -113,6 +114,6 @@ def set_item(value: Any, index: Any, new: Any, where: str) -> Any:
         else:
             size = value.shape[len(indices)]
             t = item if isinstance(item, torch.Tensor) else torch.full((), item, dtype=torch.int64)
-            indices.append(_wrap(t, size))
+            indices.append(wrap_index(t, size))
     new = torch.as_tensor(new, dtype=value.dtype, device=value.device)
     return torch.index_put(value, indices, new)

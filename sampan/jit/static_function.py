@@ -169,9 +169,8 @@ class StaticFunction:
         embedded = own_error(error)
         if embedded is not None:  # a converter's own error, which dynamo wrapped in its own
             return embedded
-        instance = self._instance if isinstance(self._instance, nn.Module) else None
         try:
-            with original_forwards(instance):
+            with original_forwards():
                 self.dygraph_function(*args, **kwargs)
         except Exception as user_error:  # noqa: BLE001 - the user's own error, reported as it is
             return user_error

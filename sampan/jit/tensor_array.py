@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import torch
 
 from sampan.jit.errors import Dy2StaticError
+from sampan.jit.indexing import wrap_index
 
 
 class Element(NamedTuple):
@@ -116,9 +117,7 @@ class TensorArray:
             if not isinstance(self.count, torch.Tensor) and index >= 0:
                 return self.buffer[index]
             index = torch.full((), index, dtype=torch.int64)
-        index = index.reshape(()).to(torch.int64)
-        index = torch.where(index < 0, index + self.count, index)
-        return self.buffer.index_select(0, index.reshape(1)).squeeze(0)
+        return self.buffer.index_select(0, wrap_index(index, self.count).reshape(1)).squeeze(0)
 
     def __repr__(self) -> str:
         return f"TensorArray(count={self.count}, capacity={self.capacity}, element={list(self.buffer.shape[1:])})"

@@ -125,11 +125,10 @@ def convert_layer(layer: nn.Module) -> None:
 
 
 @contextlib.contextmanager
-def original_forwards(extra: nn.Module | None = None) -> Iterator[None]:
-    """While active, every layer converted in place (and ``extra``'s sub-layers) runs its
-    original ``forward``: the reference run that tells a user's own error from a conversion's."""
-    layers = set(_CONVERTED_LAYERS) | (set(extra.modules()) if extra is not None else set())
-    saved = {m: m.__dict__.pop("forward") for m in layers if m in _CONVERTED_LAYERS and "forward" in m.__dict__}
+def original_forwards() -> Iterator[None]:
+    """While active, every layer converted in place runs its original ``forward``: the reference
+    run that tells a user's own error from a conversion's."""
+    saved = {m: m.__dict__.pop("forward") for m in set(_CONVERTED_LAYERS) if "forward" in m.__dict__}
     try:
         yield
     finally:

@@ -23,8 +23,11 @@ import ast
 
 from sampan.jit.passes.base import PassContext, contains, template
 
-RETVAL = "_jst_retval"
-RETFLAG = "_jst_retflag"
+# The runtime converters (sampan/jit/convert.py) recognise both by this prefix: a probe gives them
+# a starting value when they first appear inside tensor control flow.
+RETURN_PREFIX = "_jst_ret"
+RETVAL = RETURN_PREFIX + "val"
+RETFLAG = RETURN_PREFIX + "flag"
 
 
 class _ReplaceReturns(ast.NodeTransformer):
