@@ -237,14 +237,13 @@ def _list_plan(base: list | TensorArray, if_true: Any, if_false: Any, name: str,
     """How a list appended under a tensor ``if`` is carried: an int (both branches append that many
     tensors of matching shapes to a Python list: the new elements are ``cond`` outputs), a
     :class:`TensorArray` with room for the longer branch, or None (no branch appends)."""
-    if not isinstance(if_true, (list, TensorArray)) or not isinstance(if_false, (list, TensorArray)):
+    def replaced(out: Any) -> bool:  # not the list it was, with elements appended
+        return not isinstance(out, (list, TensorArray)) or (isinstance(base, list) and isinstance(out, list) and (
+            len(out) < len(base) or any(a is not b for a, b in zip(base, out, strict=False))))
+
+    if replaced(if_true) or replaced(if_false):
         raise Dy2StaticError(f"{where}: '{name}' is a list that a branch of this tensor 'if' replaces; only "
                              ".append can change a list under a tensor condition. Append to it instead.")
-    for out in (if_true, if_false):
-        if isinstance(base, list) and isinstance(out, list) and (
-                len(out) < len(base) or any(a is not b for a, b in zip(base, out, strict=False))):
-            raise Dy2StaticError(f"{where}: '{name}' is a list that a branch of this tensor 'if' replaces; only "
-                                 ".append can change a list under a tensor condition. Append to it instead.")
     grow_true, grow_false = _growth(base, if_true), _growth(base, if_false)
     if grow_true == grow_false == 0:
         return None
@@ -440,6 +439,11 @@ def While(cond_fn: Callable, body_fn: Callable, args: tuple, names: tuple[str, .
         values = tuple(body_fn(*values))
 
 
+def _loop_local_reason(where: str) -> str:
+    """Why a name first assigned inside a tensor loop has no value after it."""
+    return f"it is assigned inside the tensor 'while' at {where} but has no value before the loop; initialise it before the loop"
+
+
 def _probe_iteration(body_fn: Callable, values: tuple, names: tuple[str, ...], where: str, bound: Any) -> tuple:
     """A probe of a tensor loop, as the real ``while_loop`` would leave it: one iteration's values;
     a name with no value before the loop stays without one (a return value excepted, as the
@@ -450,8 +454,7 @@ def _probe_iteration(body_fn: Callable, values: tuple, names: tuple[str, ...], w
     merged = []
     for before, after, name in zip(values, outs, names, strict=True):
         if _is_undefined(before) and not name.startswith(RETURN_PREFIX):
-            after = UndefinedVar(name, f"it is assigned inside the tensor 'while' at {where} but has no value "
-                                       "before the loop; initialise it before the loop")
+            after = UndefinedVar(name, _loop_local_reason(where))
         elif _growth(before, after) > 0:
             array = _loop_array(before, after, bound, name, where)
             after = TensorArray(array.buffer, array.count, _count(before) + bound * _growth(before, after))
@@ -537,9 +540,7 @@ def _tensor_while(cond_fn: Callable, body_fn: Callable, args: tuple, names: tupl
     for i, loop_out in zip(carried, outs, strict=True):
         values[i] = _from_carry(loop_out, values[i], per_iteration[i][1] if i in per_iteration else None)
     for i in locals_:
-        reason = (f"it is assigned inside the tensor 'while' at {where} but has no value before the loop; "
-                  "initialise it before the loop")
-        values[i] = UndefinedVar(names[i], reason)
+        values[i] = UndefinedVar(names[i], _loop_local_reason(where))
     return tuple(values)
 
 
