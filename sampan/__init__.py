@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 _TENSOR_NAMES = ("arange", "concat", "full", "get_default_dtype", "manual_seed", "no_grad", "ones", "rand", "randint",
                  "randn", "seed", "set_default_dtype", "stack", "to_tensor", "zeros")
 
-__version__ = "0.1.0"
+from sampan._version import __version__
 
 # Subpackages load on first use so `import sampan` stays as cheap as `import torch`.
 _LAZY_SUBMODULES = ("amp", "checkpoint", "finetune", "hub", "inference", "io", "jit", "models", "nn", "optimizer", "pretraining",

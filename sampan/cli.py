@@ -24,7 +24,7 @@ USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryErro
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from sampan import __version__
+    from sampan._version import __version__
 
     parser = Parser(prog="sampan", description="Sampan: train, scale and ship Chinese LLMs.")
     parser.add_argument("--version", action="version", version=f"sampan {__version__}")

@@ -17,7 +17,7 @@ PACKAGE = ROOT / "sampan"
 # Bottom to top. A package may import its own layer's packages (no cycle among them: checked
 # below) and every layer under it; never one above. docs/architecture.md explains each layer.
 LAYERS: list[tuple[str, ...]] = [
-    ("utils",),
+    ("utils", "_version"),
     ("tensor", "store"),
     ("amp", "static", "nn", "optimizer", "checkpoint", "io"),
     ("jit", "models"),

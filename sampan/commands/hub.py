@@ -15,7 +15,7 @@ def run_list(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from sampan import hub
+    import sampan.hub as hub
     from sampan.hub.command import headline_metrics
     from sampan.hub.recipes import RECIPES
 

@@ -333,8 +333,10 @@ def simulate_rank(model_name: str | dict[str, Any] | Any, strategy: DistributedS
     (global batch = data ranks x micro-batch x that); ``num_micro`` how many of them to run
     (default :func:`default_num_micro`).
     """
-    import sampan
     from sampan.distributed.fleet import Fleet
+    from sampan.models import create
+    from sampan.nn.clip import ClipGradByGlobalNorm
+    from sampan.optimizer import AdamW
 
     start = time.perf_counter()
     degrees = strategy.resolve_degrees(world_size)
@@ -363,10 +365,10 @@ def simulate_rank(model_name: str | dict[str, Any] | Any, strategy: DistributedS
         mode = CountingFakeMode(allow_non_fake_inputs=True)
         # Offloaded activations go to the meta device, which the count leaves out: the host's memory.
         with mode.counting(), front, offload_host("meta"):
-            model = sampan.models.create(_model_config(model_name), **(model_overrides or {}))
+            model = create(_model_config(model_name), **(model_overrides or {}))
             config = model.config
-            optimizer = sampan.optimizer.AdamW(learning_rate=1e-4, parameters=model.parameters(),
-                                               grad_clip=sampan.nn.ClipGradByGlobalNorm(1.0))
+            optimizer = AdamW(learning_rate=1e-4, parameters=model.parameters(),
+                              grad_clip=ClipGradByGlobalNorm(1.0))
             dmodel = fleet.distributed_model(model)
             optimizer = fleet.distributed_optimizer(optimizer)
             del model

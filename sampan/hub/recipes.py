@@ -264,9 +264,9 @@ def _stream(data: Path, split: str, corpora: list[str]):
 def build_gpt(settings: GPTSettings, out: Path, log: Callable[[str], None]) -> dict[str, Any]:
     import numpy as np
 
-    import sampan
     from sampan.io import TokenWindowDataset
     from sampan.models import create
+    from sampan.tensor import seed
     from sampan.trainer.arguments import TrainingArguments
     from sampan.trainer.trainer import Trainer
 
@@ -290,7 +290,7 @@ def build_gpt(settings: GPTSettings, out: Path, log: Callable[[str], None]) -> d
         corpora.append("poetry")
         train_ids = np.concatenate([train_ids, poetry_train])
     log(f"hub: gpt-zh on {len(train_ids):,} training tokens of {'+'.join(corpora)} ({len(test_ids):,} held out)")
-    sampan.seed(settings.seed)
+    seed(settings.seed)
     model = create(settings.model, vocab_size=vocab, hidden_size=settings.hidden_size, num_layers=settings.num_layers,
                    num_heads=settings.num_heads, max_position_embeddings=settings.seq_len,
                    eos_token_id=3, pad_token_id=0)

@@ -139,7 +139,7 @@ def save(function_or_layer: Callable | nn.Module, path: str | os.PathLike[str],
     fails, the ``.pt2`` and ``.json`` are still written, with the reason under ``onnx_error`` in
     the ``.json``, and a warning is given.
     """
-    import sampan
+    from sampan._version import __version__
 
     static = _static_function(function_or_layer)
     layout, examples, specs = _inputs(static, input_spec)
@@ -184,7 +184,7 @@ def save(function_or_layer: Callable | nn.Module, path: str | os.PathLike[str],
         "function": static.__qualname__,
         "inputs": [s.to_json() for s in specs],
         "outputs": [_tensor_json(n, v) for n, v in zip(output_names, outputs, strict=True)],
-        "sampan_version": sampan.__version__,
+        "sampan_version": __version__,
         "torch_version": torch.__version__,
         "files": {k: v.name for k, v in files.items()},
         "onnx_error": onnx_error,

@@ -37,7 +37,7 @@ def build_model(config: PretrainConfig, vocab_size: int, seq_len: int, features:
 def pretrain(config: PretrainConfig, callbacks=None) -> tuple[PretrainTrainer, dict[str, Any]]:
     """Train; returns ``(trainer, summary)``. The final model (safetensors + config.json, with the
     build's ``tokenizer.json`` and ``features.json`` beside it) goes to ``output_dir/model``."""
-    import sampan
+    from sampan.tensor import seed
 
     resolve_device(config.device)  # a GPU that is not there fails now, not after the data is read
     train = SpanShardDataset(config.data, "train", list(config.corpora) or None)
@@ -57,7 +57,7 @@ def pretrain(config: PretrainConfig, callbacks=None) -> tuple[PretrainTrainer, d
     if test_corpora:
         held_out = SpanShardDataset(config.data, "test", sorted(test_corpora))
         evaluation = MaskedEvalDataset(held_out, batcher, "char", seed=1234, rows=config.eval_rows)
-    sampan.seed(config.seed)  # model init is part of the run
+    seed(config.seed)  # model init is part of the run
     model = build_model(config, manifest["vocab_size"], train.seq_len, features)
     trainer = PretrainTrainer(model, config.training_arguments(), train, eval_dataset=evaluation,
                               callbacks=callbacks, batcher=batcher, masking_schedule=config.schedule())

@@ -167,6 +167,6 @@ def create_app(tasks: Sequence[str] | Mapping[str, TaskCallable] = (), model_dir
 
 
 def _version() -> str:
-    import sampan
+    from sampan._version import __version__
 
-    return sampan.__version__
+    return __version__

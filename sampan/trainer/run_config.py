@@ -148,9 +148,9 @@ def run(config: RunConfig, callbacks=None):
     if vocab is not None:
         overrides.setdefault("eos_token_id", vocab.eos_id)
         overrides.setdefault("pad_token_id", vocab.pad_id)
-    import sampan
+    from sampan.tensor import seed
 
-    sampan.seed(config.training.seed)  # model init is part of the run: seed it too
+    seed(config.training.seed)  # model init is part of the run: seed it too
     model = create(config.model["name"], **overrides)
     max_len = getattr(model.config, "max_position_embeddings", None)
     if max_len is not None and config.data.seq_len > max_len:
