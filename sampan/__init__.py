@@ -14,12 +14,12 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from sampan._version import __version__
+
 # The tensor front door (sampan.randn, sampan.no_grad, ...) also loads on first use: importing torch
 # costs 7-13 s on a loaded machine, and `sampan plan` (on paper, torch-free) must not pay it.
 _TENSOR_NAMES = ("arange", "concat", "full", "get_default_dtype", "manual_seed", "no_grad", "ones", "rand", "randint",
                  "randn", "seed", "set_default_dtype", "stack", "to_tensor", "zeros")
-
-from sampan._version import __version__
 
 # Subpackages load on first use so `import sampan` stays as cheap as `import torch`.
 _LAZY_SUBMODULES = ("amp", "checkpoint", "finetune", "hub", "inference", "io", "jit", "models", "nn", "optimizer", "pretraining",
