@@ -21,7 +21,7 @@ not assumed but measured: the eager reference runs an instrumented twin of each 
 the helpers and layers it reaches) that records the truth value of every predicate, and the test
 fails when a tensor predicate was seen only True or only False (see ``Coverage``). So a converter
 that runs the wrong branch on either side of an ``if``, or gets a ``while`` condition wrong at
-entry or exit, has an input that shows it (checked by planting such bugs in ``sampan.jit.convert``).
+entry or exit, has an input that shows it (checked by planting such bugs in ``sampan.jit.runtime``).
 """
 
 from __future__ import annotations

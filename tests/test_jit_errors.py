@@ -241,3 +241,19 @@ def test_a_users_own_error_is_raised_as_itself():
     with pytest.raises(RuntimeError, match="shapes cannot be multiplied") as info:
         sampan.jit.to_static(user_error, backend="eager")(torch.ones(2, 3))
     assert not isinstance(info.value, Dy2StaticError)
+
+
+def test_library_code_is_torch_the_stdlib_and_the_converter_not_sampans_models():
+    """One rule (sampan.jit.library) for the translator and for the line an error names: torch, the
+    standard library and sampan.jit are library code; the user's files and sampan's models (whose
+    forwards are converted like the user's) are not."""
+    import contextlib
+
+    import sampan.jit.runtime.while_loop
+    import sampan.models.llama.modeling
+    from sampan.jit.library import is_library_file
+
+    for library in (torch.__file__, contextlib.__file__, sampan.jit.runtime.while_loop.__file__):
+        assert is_library_file(library), library
+    for user in (HERE, sampan.models.llama.modeling.__file__):
+        assert not is_library_file(user), user

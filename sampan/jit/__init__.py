@@ -3,7 +3,7 @@
 ``to_static`` rewrites a function's tensor-dependent ``if`` / ``while`` / ``for`` / ``break`` /
 ``return``, tensor indices, appended lists and ``.item()`` conditions into ``torch.cond`` /
 ``torch.while_loop`` / ``index_select`` / tensor arrays by AST passes (``sampan.jit.passes``, one
-per file), with runtime converters (``sampan.jit.convert``) choosing Python or graph control flow
+per file), with runtime converters (``sampan.jit.runtime``) choosing Python or graph control flow
 per call, and runs the result through ``torch.compile(fullgraph=True)``. ``save`` exports it to
 ``.pt2`` (torch.export) and ``.onnx``; ``load`` runs an export without the original source. Every
 failure to convert or capture is a :class:`Dy2StaticError` naming the user's ``file:line``.

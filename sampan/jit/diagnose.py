@@ -9,19 +9,15 @@ below; torch's own first line is quoted after ours and the torch error is chaine
 
 from __future__ import annotations
 
+import contextlib
 import linecache
 import os
 import re
-import sysconfig
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from sampan.jit.errors import Dy2StaticError
-
-_JIT_DIR = os.path.dirname(os.path.abspath(__file__))
-_LIBRARY_DIRS = tuple(
-    d for d in {sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("purelib"),
-                sysconfig.get_paths().get("platlib"), _JIT_DIR} if d)
+from sampan.jit.library import is_library_file
 
 # (pattern in torch's message, the construct, what to change). First match wins.
 _CLASSES: tuple[tuple[str, str, str], ...] = (
@@ -75,11 +71,9 @@ def _chain(error: BaseException) -> Iterator[BaseException]:
 
 
 def _is_user_file(filename: str) -> bool:
-    if not filename or filename.startswith("<"):
+    if not filename or filename.startswith("<"):  # no file to name (<string>, <frozen ...>)
         return False
-    # sampan outside sampan.jit counts as user code: its models' forwards are converted too.
-    path = os.path.abspath(filename)
-    return not any(path.startswith(d + os.sep) for d in _LIBRARY_DIRS)
+    return not is_library_file(filename)
 
 
 _FRAME_TEXT = re.compile(r'File "([^"]+)", line (\d+)|#\s*(\S+?\.py):(\d+) in ')
@@ -158,3 +152,30 @@ def to_dy2static(error: BaseException, action: str, where: str | None = None,
     at = f" `{source}`:" if source else ""
     return cls(f"{where or '<unknown location>'}:{at} {action}: {construct}. Fix: {fix}. "
                f"(torch: {torch_reason(error)})")
+
+
+@contextlib.contextmanager
+def dy2static_errors(action: str, where: str | None = None, cls: type[Dy2StaticError] = Dy2StaticError,
+                     explain: Callable[[], BaseException | None] | None = None) -> Iterator[None]:
+    """Inside it, an exception leaves as the error the user should see (the one rule for every
+    place that runs converted code: a ``cond`` / ``while_loop``, the compiled call, ``jit.save``):
+
+    1. a :class:`Dy2StaticError` leaves as itself;
+    2. a converter's own Dy2StaticError that torch wrapped in its own error leaves as itself
+       (:func:`own_error`; torch's error is its cause when only its text was found);
+    3. ``explain()``, when given, may name what to raise instead (``StaticFunction``: the user's
+       own error, or the converted function's eager one), with torch's error as its cause;
+    4. anything else leaves as ``to_dy2static(error, action, where, cls)``, torch's error its cause.
+    """
+    try:
+        yield
+    except Dy2StaticError:
+        raise
+    except Exception as error:  # noqa: BLE001 - re-raised as a Dy2StaticError with the error chained
+        own = own_error(error)
+        if own is not None:
+            raise own from own.__cause__
+        explained = explain() if explain is not None else None
+        if explained is not None:
+            raise explained from error
+        raise to_dy2static(error, action, where, cls) from error

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from sampan.jit.diagnose import to_dy2static
+from sampan.jit.diagnose import dy2static_errors
 from sampan.jit.errors import Dy2StaticError, ExportError
 from sampan.jit.probe import remove_probe_nodes
 from sampan.jit.static_function import StaticFunction
@@ -147,14 +147,10 @@ def save(function_or_layer: Callable | nn.Module, path: str | os.PathLike[str],
     base = Path(path)
     base.parent.mkdir(parents=True, exist_ok=True)
     dynamic = _dynamic_shapes(specs)
-    try:
+    code = static._function.__code__
+    where = f"{code.co_filename}:{code.co_firstlineno}"  # when no frame of the user's names a line
+    with dy2static_errors(f"jit.save: torch.export cannot export '{static.__qualname__}'", where, ExportError):
         program = torch.export.export(module, tuple(examples), dynamic_shapes=dynamic, strict=False)
-    except Dy2StaticError:
-        raise
-    except Exception as e:  # noqa: BLE001 - re-raised as an ExportError naming the user's line
-        code = static._function.__code__
-        raise to_dy2static(e, f"jit.save: torch.export cannot export '{static.__qualname__}'",
-                           where=f"{code.co_filename}:{code.co_firstlineno}", cls=ExportError) from e
     remove_probe_nodes(program.graph_module)  # what probes of branches and loop bodies recorded
     files = {"pt2": base.with_name(base.name + ".pt2"), "onnx": base.with_name(base.name + ".onnx"),
              "json": base.with_name(base.name + ".json")}
@@ -165,18 +161,17 @@ def save(function_or_layer: Callable | nn.Module, path: str | os.PathLike[str],
     onnx_error = None
     try:
         if onnx:
-            with onnx_subgraph_opsets():
-                onnx_program = torch.onnx.export(program, tuple(examples), input_names=input_names,
-                                                 output_names=output_names, dynamo=True, verbose=False)
-            onnx_program.save(str(files["onnx"]))
+            with dy2static_errors(f"jit.save: the ONNX exporter cannot export '{static.__qualname__}'", where):
+                with onnx_subgraph_opsets():
+                    onnx_program = torch.onnx.export(program, tuple(examples), input_names=input_names,
+                                                     output_names=output_names, dynamo=True, verbose=False)
+                onnx_program.save(str(files["onnx"]))
         else:
             files.pop("onnx").unlink(missing_ok=True)  # no stale file from an earlier save
-    except Exception as e:  # noqa: BLE001 - the .pt2 is still written; the .json records why
+    except Dy2StaticError as e:  # the .pt2 is still written; the .json records why
         # The .pt2 is the program; ONNX is a second format some ops lack (the exporter names the
         # op). The reason goes into the .json and a warning, in sampan's words first.
-        code = static._function.__code__
-        onnx_error = str(to_dy2static(e, f"jit.save: the ONNX exporter cannot export '{static.__qualname__}'",
-                                      where=f"{code.co_filename}:{code.co_firstlineno}"))
+        onnx_error = str(e)
         warnings.warn(f"jit.save wrote {files['pt2'].name} but no ONNX file: {onnx_error}", stacklevel=2)
         files.pop("onnx").unlink(missing_ok=True)
     meta = {

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from sampan.jit.diagnose import own_error, to_dy2static
-from sampan.jit.errors import Dy2StaticError, GraphBreakError
+from sampan.jit.diagnose import dy2static_errors, to_dy2static
+from sampan.jit.errors import GraphBreakError
 from sampan.jit.probe import remove_probe_nodes
 from sampan.jit.translator import ConvertedFunction, convert_function, convert_layer, original_forwards
 from sampan.static import InputSpec
@@ -142,14 +142,12 @@ class StaticFunction:
         key = self._record_specs(args)
         compiled = self._compile()
         compiles, breaks = self._stats["compiles"], _graph_break_count()
-        try:
+        refused = (f"torch.compile(fullgraph=True) cannot capture '{self.__qualname__}' as one graph (the "
+                   "converted function runs eagerly)")
+        with dy2static_errors(refused, cls=GraphBreakError, explain=lambda: self._explain(args, kwargs)):
             # A tensor array's length (TensorArray.stack) is read with .item() inside the graph.
             with torch._dynamo.config.patch(capture_scalar_outputs=True):
                 out = compiled(*args, **kwargs)
-        except Dy2StaticError:
-            raise
-        except Exception as e:  # noqa: BLE001 - a user error is re-raised as itself, the rest as Dy2StaticError
-            raise self._diagnose(e, args, kwargs) from e
         self._stats["calls"] += 1
         self._stats["graph_breaks"] += _graph_break_count() - breaks
         if self._stats["compiles"] == compiles:
@@ -157,18 +155,14 @@ class StaticFunction:
         self._specs_seen.add(key)
         return out
 
-    def _diagnose(self, error: Exception, args: tuple, kwargs: dict) -> Exception:
-        """What to raise for ``error`` from the compiled call.
+    def _explain(self, args: tuple, kwargs: dict) -> Exception | None:
+        """What to raise when the compiled call failed, unless torch.compile's refusal is the story.
 
-        A converter's own :class:`Dy2StaticError` that dynamo wrapped comes out as itself. If the
-        original Python function fails on these inputs too, the error is the user's own: it is
-        raised as itself. Otherwise conversion or capture failed, and the result is a
-        :class:`Dy2StaticError` naming the user's line: the converted function's own error when
-        it fails eagerly, else a :class:`GraphBreakError` for what ``torch.compile`` refused.
+        If the original Python function fails on these inputs too, the error is the user's own:
+        it is raised as itself. If the converted function fails eagerly, conversion failed: a
+        :class:`Dy2StaticError` naming the user's line. None when both run, so that
+        ``torch.compile`` could not capture a function that works (a :class:`GraphBreakError`).
         """
-        embedded = own_error(error)
-        if embedded is not None:  # a converter's own error, which dynamo wrapped in its own
-            return embedded
         try:
             with original_forwards():
                 self.dygraph_function(*args, **kwargs)
@@ -178,8 +172,7 @@ class StaticFunction:
             self.eager(*args, **kwargs)
         except Exception as eager_error:  # noqa: BLE001 - reported as a Dy2StaticError
             return to_dy2static(eager_error, f"'{self.__qualname__}' could not be converted")
-        return to_dy2static(error, f"torch.compile(fullgraph=True) cannot capture '{self.__qualname__}' as one "
-                                   "graph (the converted function runs eagerly)", cls=GraphBreakError)
+        return None
 
     def __repr__(self) -> str:
         return f"<StaticFunction {self.__qualname__} {self.stats()}>"

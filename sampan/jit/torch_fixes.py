@@ -16,8 +16,8 @@ while the branches' joint graphs expect one per floating-point output ("outs_to_
 tangents length (3)"). The fix records which outputs are floating point and passes only their
 gradients on (integer outputs have none).
 
-(``sampan.jit.convert`` works around a third one where it builds the loop: a ``while_loop`` that
-runs zero times still back-propagates one iteration.)
+(``sampan.jit.runtime.while_loop`` works around a third one where it builds the loop: a
+``while_loop`` that runs zero times still back-propagates one iteration.)
 
 ONNX export of nested control flow (torch 2.13 + onnxscript 0.7.2): a ``cond`` inside a
 ``while_loop`` body (an ``If`` inside a ``Loop``), or many control-flow ops in one program, fails

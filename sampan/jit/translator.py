@@ -15,23 +15,18 @@ import dataclasses
 import inspect
 import os
 import sys
-import sysconfig
 import textwrap
 import types
 import weakref
 from collections.abc import Iterator
 from typing import Any
 
-import torch
 from torch import nn
 
-from sampan.jit import convert
+import sampan.jit.runtime as runtime
+from sampan.jit.library import is_library_callable, is_library_file
 from sampan.jit.passes import NORMALISING, PASSES, ConversionError, PassContext
 from sampan.jit.passes.base import JST
-
-# Callables from these packages are library code: called as they are, never converted.
-_LIBRARY_PREFIXES = ("torch", "sampan.jit", "numpy", "builtins", "functools", "typing", "collections",
-                     "contextlib", "abc", "onnx", "onnxscript", "onnxruntime", "transformers", "math")
 
 
 @dataclasses.dataclass
@@ -49,9 +44,6 @@ class ConvertedFunction:
     changed: bool
 
 
-_LIBRARY_DIRS = tuple({p for p in (sysconfig.get_paths().get(k) for k in ("stdlib", "purelib", "platlib")) if p}
-                      | {os.path.dirname(os.path.dirname(os.path.abspath(torch.__file__)))})
-
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _IN_PROGRESS: set[types.CodeType] = set()
 
@@ -60,22 +52,12 @@ def debug_enabled() -> bool:
     return os.environ.get("SAMPAN_JIT_DEBUG", "") not in ("", "0")
 
 
-def _is_library(obj: Any) -> bool:
-    module = getattr(obj, "__module__", None) or ""
-    return any(module == p or module.startswith(p + ".") for p in _LIBRARY_PREFIXES)
-
-
-def _library_code(fn: types.FunctionType) -> bool:
-    # functools.wraps copies __module__ from the wrapped function, so a library decorator's
-    # wrapper is told by where its code is.
-    path = os.path.abspath(fn.__code__.co_filename)
-    return any(path.startswith(d + os.sep) for d in _LIBRARY_DIRS)
-
-
 def _target(fn: types.FunctionType) -> types.FunctionType:
     """The function to convert for ``fn``: itself, or the user function inside a library
     decorator's wrapper (``@torch.no_grad()``), whose decorators the conversion re-applies."""
-    if hasattr(fn, "__wrapped__") and _library_code(fn):
+    # functools.wraps copies __module__ from the wrapped function, so a library decorator's
+    # wrapper is told by where its code is.
+    if hasattr(fn, "__wrapped__") and is_library_file(fn.__code__.co_filename):
         inner = inspect.unwrap(fn)
         if isinstance(inner, types.FunctionType):
             return inner
@@ -88,7 +70,7 @@ def is_user_function(fn: Any) -> bool:
     if not isinstance(fn, types.FunctionType) or hasattr(fn, "_jst_not_to_static"):
         return False
     target = _target(fn)
-    return not hasattr(target, "_jst_not_to_static") and not _is_library(target)
+    return not hasattr(target, "_jst_not_to_static") and not is_library_callable(target)
 
 
 def convert_function(fn: types.FunctionType, self_type: type | None = None) -> ConvertedFunction:
@@ -214,7 +196,7 @@ def _build(fn: types.FunctionType, tree: ast.Module, filename: str, bindings: di
     factory_code = compile(module, filename, "exec").co_consts[0]
     code = next(c for c in factory_code.co_consts if isinstance(c, types.CodeType) and c.co_name == funcdef.name)
     cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True))
-    values = {**bindings, JST: convert}
+    values = {**bindings, JST: runtime}
     closure = tuple(cells[n] if n in cells else types.CellType(values[n]) for n in code.co_freevars)
     new = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, closure)
     new.__kwdefaults__ = fn.__kwdefaults__

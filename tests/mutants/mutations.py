@@ -136,9 +136,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         "loop-return-value-not-carried",
         "issue 29: a return inside a tensor loop whose value is not given a starting value by the probe "
         "(the loop then keeps it local and the return is lost)",
-        "sampan/jit/convert.py",
-        "        for i in returns:\n            if _carriable(outs[i]):\n                values[i] = _zeros_like(outs[i])",
-        "        for i in returns[:0]:\n            if _carriable(outs[i]):\n                values[i] = _zeros_like(outs[i])",
+        "sampan/jit/runtime/while_loop.py",
+        "        for i in returns:\n            if carriable(outs[i]):\n                values[i] = zeros_like(outs[i])",
+        "        for i in returns[:0]:\n            if carriable(outs[i]):\n                values[i] = zeros_like(outs[i])",
         ("tests/test_jit_corpus.py", "-k", "under_to_static and p_return"),
     ),
     Mutation(

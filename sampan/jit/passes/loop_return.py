@@ -23,7 +23,7 @@ import ast
 
 from sampan.jit.passes.base import PassContext, contains, template
 
-# The runtime converters (sampan/jit/convert.py) recognise both by this prefix: a probe gives them
+# The runtime converters (sampan/jit/runtime/) recognise both by this prefix: a probe gives them
 # a starting value when they first appear inside tensor control flow.
 RETURN_PREFIX = "_jst_ret"
 RETVAL = RETURN_PREFIX + "val"
