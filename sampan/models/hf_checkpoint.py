@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from sampan.models.config_base import ModelConfig
-from sampan.models.pretrained import build_empty, load_tensors
+from sampan.models.loading import build_empty, load_tensors
 from sampan.models.registry import spec_for_hf_model_type, spec_of
 from sampan.models.weight_files import iter_tensors, stored_float_dtype, tensor_names, weight_files
 from sampan.tensor import DTypeLike, to_dtype

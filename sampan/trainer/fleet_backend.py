@@ -39,7 +39,7 @@ from sampan.distributed.clip import HybridClipGradByGlobalNorm, global_grad_norm
 from sampan.distributed.fleet import Fleet
 from sampan.distributed.strategy import DistributedStrategy
 from sampan.io import DataLoader
-from sampan.trainer.backend import AutocastFn, LossFn, TrainingBackend, to_device
+from sampan.trainer.training_backend import AutocastFn, LossFn, TrainingBackend, to_device
 from sampan.utils.device import local_rank
 from sampan.utils.loss_weights import loss_token_count
 
