@@ -56,8 +56,8 @@ lint: setup-dev
 demo: setup
 	$(BIN)/sampan demo
 
-# Every benchmark whose results the README cites (tests/test_readme_figures.py checks this list
-# against the files the README's tables read), with the arguments those results were made with.
+# Every benchmark whose results docs/benchmarks.md cites (tests/test_readme_figures.py checks this
+# list against the files its tables read), with the arguments those results were made with.
 # setup-dev: benchmarks/tasks.py's baseline uses scikit-learn (a dev extra). Hours on 2 cores:
 # knowledge_masking pretrains ernie-tiny five times; each script can be run alone.
 BENCH_DATA := outputs/bench/data-news+sanguo+reviews-v6000-s128
@@ -79,7 +79,7 @@ bench: setup-dev
 	$(BIN)/python benchmarks/knowledge_masking.py $(KM_ARGS)
 	$(BIN)/python benchmarks/knowledge_masking.py $(KM_ARGS) --seed 1 --runs char,knowledge \
 	  --out benchmarks/results/knowledge_masking_seed1.json
-	$(BIN)/python benchmarks/readme_tables.py
+	$(BIN)/python benchmarks/results_tables.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

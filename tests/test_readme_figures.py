@@ -1,8 +1,9 @@
-"""The README's performance, tasks and serving tables are their results files, figure for figure.
+"""The performance, tasks and serving tables of docs/benchmarks.md are their results files, figure for figure.
 
-``benchmarks/readme_tables.py`` renders each table from a template whose figures are fields of
-``benchmarks/results/*.json``; these tests hold the README to that rendering, hold every results
-file to a machine record, and hold ``make bench`` to every benchmark the tables read.
+(They were the README's tables once, hence this file's name.) ``benchmarks/results_tables.py`` renders
+each table from a template in ``benchmarks/tables/`` whose figures are fields of
+``benchmarks/results/*.json``; these tests hold docs/benchmarks.md to that rendering, hold every
+results file to a machine record, and hold ``make bench`` to every benchmark the tables read.
 """
 
 from __future__ import annotations
@@ -17,16 +18,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import readme_tables  # noqa: E402
+import results_tables  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
+PAGE = ROOT / "docs" / "benchmarks.md"
 
 
-def test_readme_tables_are_the_results_files():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    rendered, tables = readme_tables.rendered_readme(readme)
+def test_benchmark_tables_are_the_results_files():
+    page = PAGE.read_text(encoding="utf-8")
+    rendered, tables = results_tables.rendered_page(page)
     assert set(tables) == {"performance", "serving", "tasks"}
-    assert rendered == readme, "README.md's tables differ from benchmarks/results: run python benchmarks/readme_tables.py"
+    assert rendered == page, "docs/benchmarks.md's tables differ from benchmarks/results: run python benchmarks/results_tables.py"
 
 
 def test_every_results_file_records_its_machine():
@@ -47,7 +49,7 @@ def _bench_recipe() -> str:
 
 def test_make_bench_runs_every_benchmark_the_tables_read():
     recipe = _bench_recipe()
-    _, tables = readme_tables.rendered_readme((ROOT / "README.md").read_text(encoding="utf-8"))
+    _, tables = results_tables.rendered_page(PAGE.read_text(encoding="utf-8"))
     stems = set().union(*(t.files for t in tables.values()))
     assert {"model_step", "tasks", "serving", "knowledge_masking"} <= stems
     for stem in sorted(stems):
@@ -55,12 +57,12 @@ def test_make_bench_runs_every_benchmark_the_tables_read():
         assert f"benchmarks/{script}.py" in recipe, f"make bench does not run benchmarks/{script}.py ({stem}.json)"
         if stem != script:
             assert f"--out benchmarks/results/{stem}.json" in recipe, f"make bench does not write {stem}.json"
-    assert "benchmarks/readme_tables.py" in recipe, "make bench must re-render the README's tables"
+    assert "benchmarks/results_tables.py" in recipe, "make bench must re-render docs/benchmarks.md's tables"
 
 
 # The renderer's own rules, on templates and results made here.
 
-def _setup(tmp_path: Path, template: str, results: dict[str, dict]) -> tuple[Path, readme_tables.Results]:
+def _setup(tmp_path: Path, template: str, results: dict[str, dict]) -> tuple[Path, results_tables.Results]:
     templates = tmp_path / "templates"
     templates.mkdir(parents=True)
     (templates / "t.md").write_text(template, encoding="utf-8")
@@ -68,7 +70,7 @@ def _setup(tmp_path: Path, template: str, results: dict[str, dict]) -> tuple[Pat
     folder.mkdir()
     for stem, data in results.items():
         (folder / f"{stem}.json").write_text(json.dumps(data), encoding="utf-8")
-    return templates, readme_tables.Results(folder)
+    return templates, results_tables.Results(folder)
 
 
 AVX2 = {"cpu_capability": "AVX2", "cpu_count": 2}
@@ -81,7 +83,7 @@ def test_renders_fields_formats_and_verdicts(tmp_path):
                 '| ≤ 1.05 {{ mark(a.ratio <= 1.05) }} |\n')
     templates, results = _setup(tmp_path, template, {
         "a": {"machine": AVX2, "ratio": 0.9761, "share": 0.5203, "rows": [{"name": "x", "v": 7}, {"name": "y", "v": 8}]}})
-    out = readme_tables.render("t", results, templates)
+    out = results_tables.render("t", results, templates)
     assert "| `a` | **0.98×**, 52.0%, 7 | ≤ 1.05 ✅ |" in out.text
     assert out.files == {"a"}
 
@@ -89,45 +91,46 @@ def test_renders_fields_formats_and_verdicts(tmp_path):
 def test_refuses_a_number_typed_into_a_figure_column(tmp_path):
     template = "<!-- figures: result -->\n| what | result |\n|---|---|\n| h=256 | {{ a.ratio | .2f }} and 1.09× |\n"
     templates, results = _setup(tmp_path, template, {"a": {"machine": AVX2, "ratio": 1.0}})
-    with pytest.raises(readme_tables.TableError, match="'result' has a number that is not a placeholder"):
-        readme_tables.render("t", results, templates)
+    with pytest.raises(results_tables.TableError, match="'result' has a number that is not a placeholder"):
+        results_tables.render("t", results, templates)
 
 
 def test_refuses_mixed_machines_without_a_cpu_column(tmp_path):
     rows = "| a | {{ a.x }} |\n| b | {{ b.x }} |\n"
     results = {"a": {"machine": AVX2, "x": 1}, "b": {"machine": AVX512, "x": 2}}
     templates, store = _setup(tmp_path, "<!-- figures: result -->\n| what | result |\n|---|---|\n" + rows, results)
-    with pytest.raises(readme_tables.TableError, match="more than one kind of machine"):
-        readme_tables.render("t", store, templates)
+    with pytest.raises(results_tables.TableError, match="more than one kind of machine"):
+        results_tables.render("t", store, templates)
     (templates / "t.md").write_text("<!-- figures: result -->\n| what | result | CPU |\n|---|---|---|\n"
                                     "| a | {{ a.x }} | {{ cpu(a) }} |\n| b | {{ b.x }} | {{ cpu(b) }} |\n")
-    assert "| b | 2 | AVX512 |" in readme_tables.render("t", store, templates).text
+    assert "| b | 2 | AVX512 |" in results_tables.render("t", store, templates).text
 
 
 def test_names_a_missing_field_and_a_missing_machine(tmp_path):
     templates, results = _setup(tmp_path, "<!-- figures: result -->\n| what | result |\n|---|---|\n"
                                           "| a | {{ a.runs.fast | .2f }} |\n",
                                 {"a": {"machine": AVX2, "runs": {"slow": 1.0}}})
-    with pytest.raises(readme_tables.TableError, match=r"t.md:4: .*no key 'fast' \(there: slow\)"):
-        readme_tables.render("t", results, templates)
+    with pytest.raises(results_tables.TableError, match=r"t.md:4: .*no key 'fast' \(there: slow\)"):
+        results_tables.render("t", results, templates)
     templates2, results2 = _setup(tmp_path / "2", "<!-- figures: result -->\n| what | result |\n|---|---|\n| a | {{ a.x }} |\n",
                                   {"a": {"x": 1}})
-    with pytest.raises(readme_tables.TableError, match="records no machine"):
-        readme_tables.render("t", results2, templates2)
+    with pytest.raises(results_tables.TableError, match="records no machine"):
+        results_tables.render("t", results2, templates2)
 
 
 def test_placeholders_allow_no_python_beyond_the_expression_language(tmp_path):
     templates, results = _setup(tmp_path, "<!-- figures: result -->\n| what | result |\n|---|---|\n"
                                           "| a | {{ __import__('os').getcwd() }} |\n", {"a": {"machine": AVX2}})
-    with pytest.raises(readme_tables.TableError, match="not allowed"):
-        readme_tables.render("t", results, templates)
+    with pytest.raises(results_tables.TableError, match="not allowed"):
+        results_tables.render("t", results, templates)
 
 
-def test_check_mode_reports_a_stale_readme(tmp_path, capsys):
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    stale = tmp_path / "README.md"
-    figure = re.search(r"time ratio \*\*(\d\.\d{3})\*\*", readme)
+def test_check_mode_reports_a_stale_page(tmp_path, capsys):
+    page = PAGE.read_text(encoding="utf-8")
+    stale = tmp_path / "benchmarks.md"
+    figure = re.search(r"time ratio \*\*(\d\.\d{3})\*\*", page)
     assert figure, "the performance table lost its model_step ratio"
-    stale.write_text(readme.replace(figure.group(0), "time ratio **0.500**", 1), encoding="utf-8")
-    assert readme_tables.main(["--check", "--readme", str(stale)]) == 1
+    stale.write_text(page.replace(figure.group(0), "time ratio **0.500**", 1), encoding="utf-8")
+    assert results_tables.main(["--check", "--page", str(stale)]) == 1
     assert "time ratio **0.500**" in capsys.readouterr().out
+    assert results_tables.main(["--check", "--page", str(PAGE)]) == 0

@@ -1,7 +1,7 @@
-"""Render the README's results tables from ``benchmarks/results/*.json``, or check them.
+"""Render the results tables of ``docs/benchmarks.md`` from ``benchmarks/results/*.json``, or check them.
 
-Every figure in the README's performance, tasks and serving tables is a field of a results file
-that a benchmark wrote. The tables are written as templates in ``benchmarks/readme/NAME.md``;
+Every figure in the performance, tasks and serving tables of ``docs/benchmarks.md`` is a field of a
+results file that a benchmark wrote. The tables are written as templates in ``benchmarks/tables/NAME.md``;
 each figure in them is a placeholder naming the field::
 
     time ratio **{{ model_step.ratio_sampan_over_baseline | .3f }}**
@@ -12,19 +12,21 @@ The expression before ``|`` reads results files by their stem (``model_step`` is
 ``len``, ``round``, ``each(list, "field.path"[, "filter.path", value])`` (that field of every
 item, or of those whose filter field equals the value) and ``pick(list, "field.path", value)``
 (the one item whose field equals the value); ``mark(a <= b)`` renders a goal's verdict (✅ / ❌)
-from the figures, so a goal's mark changes when the run does. After ``|`` comes a Python format spec (``.3f``, ``.1%``, ``,.0f``);
-``cpu(model_step)`` renders the file's machine (its CPU capability).
+from the figures, so a goal's mark changes when the run does. After ``|`` comes a Python format spec
+(``.3f``, ``.1%``, ``,.0f``); ``cpu(model_step)`` renders the file's machine (its CPU capability).
+Links in a template are relative to ``docs/``, where the table is rendered.
 
-The rendered table sits in README.md between ``<!-- results:NAME ... -->`` and
-``<!-- /results:NAME -->``. Rules the renderer enforces, so the README cannot drift from its runs:
+The rendered table sits in ``docs/benchmarks.md`` between ``<!-- results:NAME ... -->`` and
+``<!-- /results:NAME -->``. Rules the renderer enforces, so the page cannot drift from its runs:
 
 - a figure column (named in the template's ``<!-- figures: a; b -->`` line, separated by ";") holds no literal
   number outside a placeholder or a code span;
 - a table whose files were measured on more than one kind of machine has a ``CPU`` column;
 - every results file a table reads records its machine.
 
-``python benchmarks/readme_tables.py`` rewrites the README's tables; ``--check`` exits 1 and
-shows the difference when the README does not match (``tests/test_readme_figures.py`` runs it).
+``python benchmarks/results_tables.py`` rewrites the page's tables; ``--check`` exits 1 and
+shows the difference when the page does not match (``tests/test_readme_figures.py`` runs the same
+comparison).
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-TEMPLATES = ROOT / "benchmarks" / "readme"
-README = ROOT / "README.md"
+TEMPLATES = ROOT / "benchmarks" / "tables"
+PAGE = ROOT / "docs" / "benchmarks.md"
 
 _PLACEHOLDER = re.compile(r"\{\{(.+?)\}\}")
 _FIGURES_LINE = re.compile(r"^<!--\s*figures:(.*?)-->\s*$", re.M)
@@ -183,7 +185,7 @@ def _cells(line: str) -> list[str]:
 
 
 def render(name: str, results: Results | None = None, templates: Path = TEMPLATES) -> Rendered:
-    """Render ``templates/NAME.md`` (``benchmarks/readme`` by default) against the results files."""
+    """Render ``templates/NAME.md`` (``benchmarks/tables`` by default) against the results files."""
     results = results if results is not None else Results(RESULTS)
     path = templates / f"{name}.md"
     template = path.read_text(encoding="utf-8")
@@ -232,47 +234,49 @@ def _section(name: str) -> re.Pattern[str]:
     return re.compile(rf"(<!-- results:{re.escape(name)}\b[^>]*-->\n)(.*?)(<!-- /results:{re.escape(name)} -->)", re.S)
 
 
-def rendered_readme(readme: str, results: Results | None = None,
-                    templates: Path = TEMPLATES) -> tuple[str, dict[str, Rendered]]:
-    """The README with every results section replaced by its rendering."""
+def rendered_page(page: str, results: Results | None = None,
+                  templates: Path = TEMPLATES) -> tuple[str, dict[str, Rendered]]:
+    """The page (``docs/benchmarks.md``'s text) with every results section replaced by its rendering."""
     results = results if results is not None else Results(RESULTS)
     tables: dict[str, Rendered] = {}
     for name in table_names(templates):
         pattern = _section(name)
-        if not pattern.search(readme):
-            raise TableError(f"README.md has no '<!-- results:{name} -->' ... '<!-- /results:{name} -->' section")
+        if not pattern.search(page):
+            raise TableError(f"{PAGE.relative_to(ROOT)} has no '<!-- results:{name} -->' ... "
+                             f"'<!-- /results:{name} -->' section for benchmarks/tables/{name}.md")
         tables[name] = render(name, results, templates)
-        readme = pattern.sub(lambda m, t=tables[name]: m.group(1) + t.text + m.group(3), readme)
-    return readme, tables
+        page = pattern.sub(lambda m, t=tables[name]: m.group(1) + t.text + m.group(3), page)
+    return page, tables
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true",
-                        help="exit 1 and print the difference when README.md does not match the results")
-    parser.add_argument("--readme", type=Path, default=README)
+                        help="exit 1 and print the difference when the page does not match the results")
+    parser.add_argument("--page", type=Path, default=PAGE, help="the page to render into (docs/benchmarks.md)")
     args = parser.parse_args(argv)
-    current = args.readme.read_text(encoding="utf-8")
+    current = args.page.read_text(encoding="utf-8")
     try:
-        updated, tables = rendered_readme(current)
+        updated, tables = rendered_page(current)
     except TableError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    name = args.page.name
     if args.check:
         if updated != current:
             sys.stdout.writelines(difflib.unified_diff(current.splitlines(True), updated.splitlines(True),
-                                                       "README.md", "README.md (from the results)"))
-            print("README.md's tables differ from benchmarks/results: run python benchmarks/readme_tables.py",
+                                                       name, f"{name} (from the results)"))
+            print(f"{name}'s tables differ from benchmarks/results: run python benchmarks/results_tables.py",
                   file=sys.stderr)
             return 1
-        print(f"README.md matches benchmarks/results ({', '.join(tables)})")
+        print(f"{name} matches benchmarks/results ({', '.join(tables)})")
         return 0
     if updated != current:
-        tmp = args.readme.with_name(f".{args.readme.name}.tmp")
+        tmp = args.page.with_name(f".{name}.tmp")
         tmp.write_text(updated, encoding="utf-8")
-        tmp.replace(args.readme)
-    print(f"README.md: {', '.join(f'{n} ({len(t.files)} results files)' for n, t in tables.items())}")
+        tmp.replace(args.page)
+    print(f"{name}: {', '.join(f'{n} ({len(t.files)} results files)' for n, t in tables.items())}")
     return 0
 
 
