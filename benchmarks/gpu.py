@@ -15,8 +15,12 @@ fit, so a slow machine still leaves a complete file):
    Equal work is checked before timing: the baseline gets sampan's weights and the two fp32
    losses on the same batch must agree. Sides are timed in interleaved blocks; MFU is
    ``flops_per_token x tokens / step time / peak``, with the datasheet dense bf16 peak (H100 /
-   H200: 989 TFLOP/s, as torchtitan counts) and the same FLOP count for both sides. The compile
-   time (first compiled step minus an eager step) is reported apart.
+   H200: 989 TFLOP/s, as torchtitan counts; on the CPU the processor's own figure,
+   ``sampan.utils.hardware.cpu_peak``) and the same FLOP count for both sides. A second figure,
+   ``gemm_share``, divides by the rate of a square bf16 matmul timed in the same interleaved
+   blocks as the steps (so the same load slows both): how close the step comes to what the
+   device's GEMM reaches now. The compile time (first compiled step minus an eager step) is
+   reported apart.
 2. ``recompute``: none / full / selective on gpt-1.3b: peak memory of a step and its time.
 3. ``largest_batch``: the largest batch of gpt-1.3b at the training sequence length that trains
    without running out of memory, without and with full recompute (doubling, then bisecting).
@@ -54,14 +58,14 @@ from sampan.models import registry
 from sampan.nn.compile import apply_compile
 from sampan.trainer import apply_recompute
 from sampan.utils.device import resolve_device
-from sampan.utils.hardware import device_peak_flops
+from sampan.utils.hardware import cpu_peak, device_peak_flops
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "gpu.json"
 SEED = 1234
 LR, BETAS, EPS, WEIGHT_DECAY = 1e-4, (0.9, 0.95), 1e-8, 0.1
 LOSS_TOL = 2e-4  # fp32 losses of sampan and the baseline, relative (TF32 off for the check)
 # Full shapes (a GPU) and --quick shapes (the tests, on the CPU): the same code runs both.
-FULL = dict(models={"gpt-1.3b": {}, "llama3.2-1b": {}}, seq_len=2048, batch=8, repeats=8, warmup=2,
+FULL = dict(models={"gpt-1.3b": {}, "llama3.2-1b": {}}, seq_len=2048, batch=8, repeats=8, warmup=2, gemm_n=8192,
             recompute_model="gpt-1.3b", max_batch=256, decode=dict(name="gpt-medium", prompt=16, new=64, batch=8),
             predictor=dict(name="ernie-base", seq=128, batches=(1, 32)), predictor_repeats=30)
 QUICK = dict(models={"gpt-1.3b": dict(hidden_size=64, num_layers=2, num_heads=4, vocab_size=256,
@@ -69,7 +73,7 @@ QUICK = dict(models={"gpt-1.3b": dict(hidden_size=64, num_layers=2, num_heads=4,
                      "llama3.2-1b": dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                                          intermediate_size=128, vocab_size=256, max_position_embeddings=64,
                                          bos_token_id=None, eos_token_id=1)},
-             seq_len=32, batch=2, repeats=2, warmup=1, recompute_model="gpt-1.3b", max_batch=4,
+             seq_len=32, batch=2, repeats=2, warmup=1, gemm_n=512, recompute_model="gpt-1.3b", max_batch=4,
              decode=dict(name="gpt-tiny", prompt=3, new=4, batch=2, overrides=dict(
                  hidden_size=32, num_layers=1, num_heads=2, vocab_size=32, max_position_embeddings=16)),
              predictor=dict(name="ernie-tiny", seq=16, batches=(1, 4), overrides=dict(num_layers=1)),
@@ -194,6 +198,13 @@ def train_step(model: torch.nn.Module, ids: torch.Tensor, device: torch.device) 
     return step
 
 
+def gemm(n: int, device: torch.device) -> Callable[[], torch.Tensor]:
+    """One ``n x n`` bf16 matmul (``2 n^3`` FLOPs) on ``device``: the rate ``gemm_share`` divides by."""
+    gen = torch.Generator().manual_seed(SEED)
+    a, b = (torch.randn(n, n, generator=gen).to(device, torch.bfloat16) for _ in range(2))
+    return lambda: torch.mm(a, b)
+
+
 def tokens(vocab: int, batch: int, seq: int, device: torch.device) -> torch.Tensor:
     gen = torch.Generator().manual_seed(SEED)
     return torch.randint(0, vocab, (batch, seq), generator=gen).to(device)
@@ -244,13 +255,19 @@ def train_one(args, device, peak, name: str, overrides: dict[str, Any]) -> dict[
             start = time.perf_counter()
             fn()
             first[side] = time.perf_counter() - start
-        timings = time_interleaved(steps, steps=1, repeats=shape["repeats"], warmup=shape["warmup"])
+        # The GEMM runs in the same interleaved blocks as the steps: whatever else holds the
+        # device then slows it as it slows them, so their ratio does not move with the load.
+        n = shape["gemm_n"]
+        timings = time_interleaved({**steps, "gemm": synced(gemm(n, device), device)}, steps=1,
+                                   repeats=shape["repeats"], warmup=shape["warmup"])
+        gemm_flops = 2 * n**3 / timings.pop("gemm").median
         sides = {}
         for side, timing in timings.items():
             sides[side] = {**timing.as_dict(), "first_step_s": first[side],
                            "tokens_per_s": batch * seq / timing.median,
-                           "mfu": flops / timing.median / peak if peak else None}
-        result = {"sides": sides,
+                           "mfu": flops / timing.median / peak if peak else None,
+                           "gemm_share": flops / timing.median / gemm_flops}
+        result = {"sides": sides, "gemm_bf16_flops": gemm_flops, "gemm_n": n,
                   "sampan_over_plain_step": timings["sampan"].median / timings["plain"].median,
                   "paired_median": statistics.median(
                       a / b for a, b in zip(timings["sampan"].per_step, timings["plain"].per_step, strict=True))}
@@ -447,6 +464,9 @@ def main(argv: list[str] | None = None) -> int:
         "device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "machine": machine_info(), "peak_bf16_flops": peak, "budget_s": args.budget_s, "sections": {},
     }
+    if device.type == "cpu":  # how the processor's figure was worked out (None: unknown, no MFU)
+        processor = cpu_peak(torch.bfloat16)
+        result["peak_bf16_source"] = processor.describe() if processor else None
     failed = []
     for name in wanted:
         used = time.perf_counter() - started
@@ -490,9 +510,11 @@ def report(result: dict[str, Any]) -> None:
         for mode in ("eager", "compiled"):
             if mode in row:
                 sides = row[mode]["sides"]
-                mfu = {s: (f"{v['mfu']:.1%}" if v["mfu"] is not None else "n/a") for s, v in sides.items()}
-                print(f"{name} {mode}: sampan {sides['sampan']['median_step_s'] * 1e3:.1f} ms MFU {mfu['sampan']}, "
-                      f"plain {sides['plain']['median_step_s'] * 1e3:.1f} ms MFU {mfu['plain']}")
+                mfu = {s: (f"{100 * v['mfu']:.3g}%" if v["mfu"] is not None else "n/a") for s, v in sides.items()}
+                gemm = {s: f"{100 * v['gemm_share']:.3g}%" for s, v in sides.items()}
+                print(f"{name} {mode}: sampan {sides['sampan']['median_step_s'] * 1e3:.1f} ms MFU {mfu['sampan']} "
+                      f"({gemm['sampan']} of the GEMM rate), plain {sides['plain']['median_step_s'] * 1e3:.1f} ms "
+                      f"MFU {mfu['plain']} ({gemm['plain']})")
     for name, section in sections.items():
         if "error" in section:
             print(f"{name}: FAILED: {section['error']}")

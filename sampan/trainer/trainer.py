@@ -230,12 +230,8 @@ class Trainer:
             if self.args.peak_flops:
                 source = "TrainingArguments.peak_flops"
             elif self.device.type == "cpu":
-                # A peak training outran was measured low (other work on the cores): drop it from
-                # the cache so the next run measures again, instead of every run showing > 100%.
-                dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.args.amp, torch.float32)
-                hardware.forget_cpu_peak(dtype)
-                source = (f"the CPU GEMM peak measured or cached in {hardware.cpu_peak_cache_path()} (now "
-                          "dropped from the cache: the next run measures again)")
+                source = ("this processor's peak (sampan.utils.hardware.cpu_peak: FLOPs per cycle x cores x "
+                          "clock, an upper bound that no load lowers)")
             else:
                 source = "the device's datasheet peak"
             warnings.warn(f"MFU above 100%: training reached {achieved / 1e9:.1f} GFLOP/s against a peak of "
@@ -280,8 +276,8 @@ class Trainer:
         if self.device.type == "cpu" and args.amp == "bf16":
             self._warn_if_bf16_is_emulated()
         if self._flops_per_token is not None and args.peak_flops != 0:
-            # A fixed peak for the run (datasheet on a GPU, measured once per machine on the CPU);
-            # None (an unknown device) reports no MFU.
+            # A fixed peak for the run (datasheet on a GPU, the processor's SIMD x cores x clock
+            # figure on the CPU, never timed); None (an unknown device) reports no MFU.
             dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.amp, torch.float32)
             self._peak_flops = args.peak_flops or hardware.device_peak_flops(self.device, dtype)
             if self._peak_flops:
