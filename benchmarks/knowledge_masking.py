@@ -99,11 +99,12 @@ def downstream_ner(run_dir: Path, args: argparse.Namespace) -> dict:
     test span F1 overall and by type, dev F1, from the same splits for every run."""
     from sampan.finetune import FinetuneConfig, finetune
 
-    config = FinetuneConfig(task="ner", model=str(run_dir / "model"), method="full", max_steps=args.ner_steps,
-                            learning_rate=args.ner_learning_rate, batch_size=32, seed=0, overwrite=True,
-                            output_dir=str(run_dir / "ner"), save="merged",
+    config = FinetuneConfig(task="ner", model=str(run_dir / "model"), method="full", save="merged",
                             max_train_examples=64 if args.quick else None,
-                            max_eval_examples=16 if args.quick else None)
+                            max_eval_examples=16 if args.quick else None,
+                            training={"max_steps": args.ner_steps, "learning_rate": args.ner_learning_rate,
+                                      "per_device_train_batch_size": 32, "seed": 0, "overwrite_output_dir": True,
+                                      "output_dir": str(run_dir / "ner")})
     started = time.perf_counter()
     result = finetune(config)
     test = {k: v for k, v in result.metrics.items() if k == "f1" or k.endswith("_f1")}
@@ -163,12 +164,13 @@ def main(argv: list[str] | None = None) -> dict:
     work = Path(args.work_dir)
     for name in filter(None, args.runs.split(",")):
         spec = RUNS[name]
-        config = PretrainConfig(model="ernie-tiny", data=str(data), masking=spec["masking"], features=spec["features"],
-                                corpora=("news",), output_dir=str(work / name), max_steps=args.steps,
-                                batch_size=args.batch_size, learning_rate=args.learning_rate,
-                                warmup_steps=max(1, args.steps // 10), eval_rows=256, seed=args.seed,
-                                overwrite=True, logging_steps=max(1, min(50, args.steps // 6)),
-                                model_overrides=overrides)
+        config = PretrainConfig(
+            model={"name": "ernie-tiny", "overrides": overrides}, data=str(data), masking=spec["masking"],
+            features=spec["features"], train_corpora=("news",), eval_rows=256,
+            training={"output_dir": str(work / name), "max_steps": args.steps,
+                      "per_device_train_batch_size": args.batch_size, "learning_rate": args.learning_rate,
+                      "warmup_steps": max(1, args.steps // 10), "seed": args.seed, "overwrite_output_dir": True,
+                      "logging_steps": max(1, min(50, args.steps // 6))})
         started = time.perf_counter()
         trainer, _ = pretrain(config)
         seconds = time.perf_counter() - started

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 
 from _common import apply_presets, machine_info, timestamp, write_json_atomic
-from sampan.serving.launcher import ServerProcess
+from sampan.server_process import ServerProcess
 
 RESULTS = Path(__file__).resolve().parent / "results" / "serving.json"
 

@@ -233,25 +233,28 @@ def ner_paragraphs(args: argparse.Namespace) -> dict[str, Any]:
 def lora_vs_full(args: argparse.Namespace) -> dict[str, Any]:
     from sampan.finetune import FinetuneConfig, finetune
     from sampan.hub import resolve
-    from sampan.hub.recipes import SentimentSettings
+    from sampan.hub.recipes import SentimentRecipe
 
     base = resolve("ernie-tiny-zh")
-    shipped = SentimentSettings()
+    shipped = SentimentRecipe().finetune
     out: dict[str, Any] = {"steps": args.finetune_steps, "base": "ernie-tiny-zh",
                            "eval_examples": args.finetune_eval_examples}
-    # LoRA at the recipes' LoRA settings (sampan/hub/recipes.py TaskSettings), full fine-tuning at
+    # LoRA at the recipes' LoRA settings (sampan/hub/recipes.py TASK_DEFAULTS), full fine-tuning at
     # the LR that suits it, and the shipped sentiment recipe's full fine-tune with frozen embeddings
     # (plus their low-rank update, when the recipe has one) and first block; everything else equal.
     settings = {"lora": {"method": "lora", "learning_rate": 2e-3, "lora_rank": 16},
                 "full": {"method": "full", "learning_rate": 1e-4},
-                "full_frozen": {"method": "full", "learning_rate": shipped.learning_rate, "freeze": shipped.freeze,
-                                "embedding_lora_rank": shipped.embedding_lora_rank}}
+                "full_frozen": {"method": "full", "learning_rate": shipped.training.learning_rate,
+                                "freeze": shipped.freeze, "embedding_lora_rank": shipped.embedding_lora_rank}}
     with tempfile.TemporaryDirectory() as tmp:
         for arm, extra in settings.items():
-            cfg = FinetuneConfig(task="sentiment_analysis", model=str(base), max_steps=args.finetune_steps,
-                                 batch_size=32, seed=0, output_dir=os.path.join(tmp, arm), overwrite=True,
+            method = {k: v for k, v in extra.items() if k != "learning_rate"}
+            cfg = FinetuneConfig(task="sentiment_analysis", model=str(base),
                                  max_train_examples=args.finetune_examples or None,
-                                 max_eval_examples=args.finetune_eval_examples or None, **extra)
+                                 max_eval_examples=args.finetune_eval_examples or None, **method,
+                                 training={"max_steps": args.finetune_steps, "per_device_train_batch_size": 32,
+                                           "seed": 0, "output_dir": os.path.join(tmp, arm),
+                                           "overwrite_output_dir": True, "learning_rate": extra["learning_rate"]})
             result = finetune(cfg)
             out[arm] = {"test_accuracy": result.metrics["accuracy"], "dev": result.dev_metrics,
                            "trainable_parameters": result.trainable_parameters,

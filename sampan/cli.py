@@ -16,7 +16,6 @@ import sys
 from collections.abc import Sequence
 
 from sampan.commands import COMMANDS, Parser
-from sampan.utils.flags import field_docs as _field_docs  # noqa: F401 - its old home, for callers
 
 # What sampan raises for bad input: reported in one line with status 2. (ConnectionError: the
 # network failed, not the input; one line too, status 1.)

@@ -1,4 +1,4 @@
-"""A whole run in one file: ``[model]``, ``[data]`` and ``[training]`` tables (TOML or YAML).
+"""A whole run in one file: ``[model]``, ``[data]`` and ``[training]`` tables (TOML, YAML or JSON).
 
     [model]
     name = "gpt-tiny"          # a name from `sampan models`; other keys override config fields
@@ -14,7 +14,10 @@
     [strategy.hybrid_configs]  # optional: hybrid-parallel training under `sampan launch`
     dp_degree = 2
 
-``sampan train --config run.toml`` runs it. Unknown tables or keys are errors that name them.
+``sampan train --config run.toml`` runs it (``--set training.max_steps=50`` or
+``--training.max_steps 50`` change one value). Unknown tables or keys are errors that name them.
+This is application code: it builds a corpus's datasets and a model, then hands them to the
+Trainer, so it sits at the top layer beside the verbs and the demo that use it.
 """
 
 from __future__ import annotations
@@ -25,9 +28,13 @@ from typing import Any
 
 import numpy as np
 
-from sampan.trainer.arguments import TrainingArguments, load_config_file
+from sampan.models.choice import ModelChoice
+from sampan.trainer.arguments import TrainingArguments
+from sampan.utils.config import apply_overrides, build, nested, resolve_nested, to_dict
+from sampan.utils.config_files import load_config_file
 
 CORPORA = ("sanguo",)
+TABLES = ("model", "data", "training", "strategy")
 
 
 @dataclasses.dataclass
@@ -67,49 +74,57 @@ class DataConfig:
 
 @dataclasses.dataclass
 class RunConfig:
-    """``model`` (name + config overrides), ``data`` and ``training`` of one run."""
+    """One run: the model to build, its data, and the Trainer's arguments.
 
-    model: dict[str, Any]
-    data: DataConfig
-    training: TrainingArguments
+    Fields:
+        model: a registered model and the config fields to change (the ``[model]`` table:
+            ``name`` beside those fields).
+        data: where the training text comes from (``[data]``).
+        training: the Trainer's arguments (``[training]``; a ``[strategy]`` table is
+            ``training.strategy``).
+    """
+
+    model: ModelChoice = nested(ModelChoice, name="gpt-tiny")
+    data: DataConfig = nested(DataConfig)
+    training: TrainingArguments = nested(TrainingArguments)
+
+    def __post_init__(self) -> None:
+        resolve_nested(self)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> RunConfig:
-        unknown = sorted(set(raw) - {"model", "data", "training", "strategy"})
+        """A run file's tables as a config; an unknown table or key is an error naming it."""
+        unknown = sorted(set(raw) - set(TABLES))
         if unknown:
-            raise ValueError(f"unknown table(s) {unknown} in the run config; "
-                             "allowed: ['data', 'model', 'strategy', 'training']")
-        model = dict(raw.get("model") or {})
-        if "name" not in model:
+            raise ValueError(f"unknown table(s) {unknown} in the run config; allowed: {sorted(TABLES)}")
+        model = raw.get("model") or {}
+        if not isinstance(model, dict) or "name" not in model:
             raise ValueError("[model] needs name = one of `sampan models`")
-        data_fields = {f.name for f in dataclasses.fields(DataConfig)}
-        data_raw = raw.get("data") or {}
-        bad = sorted(set(data_raw) - data_fields)
-        if bad:
-            raise ValueError(f"unknown [data] key(s) {bad}; allowed: {sorted(data_fields)}")
         training = dict(raw.get("training") or {})
         if "strategy" in raw:  # a [strategy] table (as `sampan plan --write-strategy` writes) is training.strategy
             if "strategy" in training:
                 raise ValueError("the run config has both [strategy] and training.strategy; keep one")
             training["strategy"] = raw["strategy"]
-        return cls(model, DataConfig(**data_raw), TrainingArguments.from_dict(training))
+        return build(cls, {"model": model, "data": raw.get("data") or {}, "training": training})
 
     @classmethod
     def from_file(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
-        """Read a TOML / YAML run file; ``overrides`` maps ``"table.key"`` to a value."""
+        """Read a run file; ``overrides`` maps ``"table.key"`` to a value."""
         raw = load_config_file(path)
-        for dotted, value in (overrides or {}).items():
-            *tables, key = dotted.split(".")
-            if not tables or not all(tables) or not key:
+        for dotted in overrides or {}:
+            if "." not in dotted:
                 raise ValueError(f"override {dotted!r} must look like table.key (e.g. training.max_steps, "
                                  "strategy.hybrid_configs.dp_degree)")
-            node = raw
-            for table in tables:
-                node = node.setdefault(table, {})
-                if not isinstance(node, dict):
-                    raise ValueError(f"override {dotted!r}: {table} is a value, not a table")
-            node[key] = value
-        return cls.from_dict(raw)
+        if "strategy" in raw:  # the file's [strategy] table is training.strategy: overrides reach it either way
+            overrides = {("strategy." + k.removeprefix("training.strategy.") if k.startswith("training.strategy.")
+                          else k): v for k, v in (overrides or {}).items()}
+        return cls.from_dict(apply_overrides(raw, overrides or {}, "override"))
+
+    def to_tables(self) -> dict[str, Any]:
+        """The run file form (``[model]`` with the overrides beside the name)."""
+        data = to_dict(self)
+        data["model"] = self.model.table()
+        return data
 
 
 def build_datasets(data: DataConfig, output_dir: str | Path):
@@ -139,19 +154,16 @@ def build_datasets(data: DataConfig, output_dir: str | Path):
 
 def run(config: RunConfig, callbacks=None):
     """Build model and data from ``config`` and train; returns ``(trainer, vocab)``."""
-    from sampan.models import create
+    from sampan.tensor import seed
     from sampan.trainer.trainer import Trainer
 
     train, evaluation, vocab_size, vocab = build_datasets(config.data, config.training.output_dir)
-    overrides = {k: v for k, v in config.model.items() if k != "name"}
-    overrides.setdefault("vocab_size", vocab_size)
+    fields: dict[str, Any] = {} if "vocab_size" in config.model.overrides else {"vocab_size": vocab_size}
     if vocab is not None:
-        overrides.setdefault("eos_token_id", vocab.eos_id)
-        overrides.setdefault("pad_token_id", vocab.pad_id)
-    from sampan.tensor import seed
-
+        fields.update({k: v for k, v in (("eos_token_id", vocab.eos_id), ("pad_token_id", vocab.pad_id))
+                       if k not in config.model.overrides})
     seed(config.training.seed)  # model init is part of the run: seed it too
-    model = create(config.model["name"], **overrides)
+    model = config.model.create(**fields)
     max_len = getattr(model.config, "max_position_embeddings", None)
     if max_len is not None and config.data.seq_len > max_len:
         raise ValueError(f"[data] seq_len {config.data.seq_len} exceeds the model's max_position_embeddings "

@@ -27,19 +27,20 @@ def test_help_lists_verbs_and_is_fast_to_import():
     assert "demo" in out and "models" in out
     demo_help = subprocess.run([sys.executable, "-m", "sampan.cli", "demo", "--help"], capture_output=True,
                                text=True, check=True).stdout
-    assert "--steps" in demo_help and "--learning-rate" in demo_help
-    assert "knowledge-masking stage" in demo_help  # per-flag text from DemoConfig's docstring
+    assert "--gpt.training.max_steps" in demo_help and "--ernie.pretrain.training.learning_rate" in demo_help
+    # each stage's flag group says what it is for, from the docs of the field that nests it
+    assert "--ernie.data.*: DataBuildConfig:\n  the data build (``sampan data build``)" in demo_help
 
 
 def test_demo_flags_are_explained_by_the_config_docstring():
-    from sampan.cli import _field_docs
+    from sampan.utils.flags import field_docs
 
-    docs = _field_docs(DemoConfig)
+    docs = field_docs(DemoConfig)
     # Every flag gets its docstring entry, continuation lines joined, and no entry runs into the next.
     assert set(docs) == {f.name for f in dataclasses.fields(DemoConfig)}
-    assert docs["ernie_steps"].startswith("steps of the ERNIE knowledge-masking stage")
-    assert docs["ernie_steps"].endswith("0 = skip the stage.") and "ernie_docs" not in docs["ernie_steps"]
-    assert docs["learning_rate"] == "peak LR (linear warmup, then cosine decay to 10%)."
+    assert docs["stages"].startswith("the stages to run, in order:")
+    assert docs["stages"].endswith('then generation).') and "ernie:" not in docs["stages"]
+    assert docs["max_new_tokens"] == "characters to generate."
 
 
 def test_models_json_lists_the_zoo_and_its_families(capsys):
@@ -55,8 +56,10 @@ def test_models_json_lists_the_zoo_and_its_families(capsys):
 
 
 def test_bad_demo_argument_is_a_clear_error(capsys):
-    assert main(["demo", "--steps", "0"]) == 2
-    assert "steps must be > 0" in capsys.readouterr().err
+    assert main(["demo", "--gpt.training.max_steps", "0"]) == 2
+    assert "TrainingArguments.max_steps must be > 0" in capsys.readouterr().err
+    assert main(["demo", "--stages", "sentiment,gpt"]) == 2
+    assert "the sentiment stage fine-tunes the ERNIE stage's model: add 'ernie' to stages" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -69,8 +72,14 @@ def test_demo_learns_and_saves_a_loadable_model(tmp_path, monkeypatch):
     # too and serves the better of the two on dev. 80 fine-tuning steps are what that base needs
     # (60 still leave it at 0.56). The test takes about 45 s longer for it (67 s -> 112 s on a quiet
     # 2-core machine at conftest's one thread; each 80-step fine-tune is about 36 s of that).
-    cfg = DemoConfig(steps=40, batch_size=8, seq_len=64, eval_every=20, warmup_steps=5,
-                     max_new_tokens=10, out_dir=str(tmp_path / "demo"), ernie_steps=20, finetune_steps=80)
+    out = str(tmp_path / "demo")
+    cfg = DemoConfig(
+        max_new_tokens=10,
+        ernie={"data": {"max_docs": 36, "seq_len": 64},
+               "pretrain": {"training": {"max_steps": 20, "warmup_steps": 2, "logging_steps": 5}}},
+        sentiment={"finetune": {"max_eval_examples": 64, "training": {"max_steps": 80, "eval_steps": 26}}},
+        gpt={"data": {"seq_len": 64}, "training": {"output_dir": out, "max_steps": 40, "eval_steps": 20,
+                                                   "warmup_steps": 5, "logging_steps": 10, "save_steps": 40}})
     result = run_demo(cfg, log=lambda _: None)
     # Stage 2: the pretrained ERNIE was fine-tuned, exported and answered through the ONNX predictor.
     stage = result["ernie"]["finetune"]
@@ -102,8 +111,9 @@ def test_demo_learns_and_saves_a_loadable_model(tmp_path, monkeypatch):
     vocab = CharVocab.load(f"{result['model_dir']}/vocab.json")
     assert model.config.vocab_size == len(vocab)
     # Rerunning the demo into the same directory starts over instead of mixing two runs.
-    again = run_demo(DemoConfig(steps=2, batch_size=2, seq_len=32, eval_every=2, max_new_tokens=2,
-                                finetune_steps=0, out_dir=cfg.out_dir), log=lambda _: None)
+    again = run_demo(DemoConfig(stages=("gpt",), max_new_tokens=2, gpt={
+        "data": {"seq_len": 32}, "training": {"output_dir": out, "max_steps": 2, "per_device_train_batch_size": 2,
+                                              "eval_steps": 2}}), log=lambda _: None)
     assert again["summary"]["steps"] == 2
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from sampan import cli
 from sampan.commands import COMMANDS, Parser
+from sampan.utils.config import nested, resolve_nested
 from sampan.utils.flags import add_dataclass_args, dataclass_from_args, field_docs, parse_bool
 
 
@@ -154,13 +155,77 @@ def test_renames_required_choices_and_exclusions(capsys):
 
 def test_a_field_without_a_command_line_form_must_be_excluded():
     @dataclasses.dataclass
-    class WithDict:
-        table: dict[str, int] = dataclasses.field(default_factory=dict)
+    class WithSet:
+        table: set[int] = dataclasses.field(default_factory=set)
         n: int = 1
 
-    with pytest.raises(TypeError, match=r"WithDict.table: no command-line form"):
-        _parser(WithDict)
-    assert _parse("--n", "2", cls=WithDict, exclude=("table",)) == WithDict(n=2)
+    with pytest.raises(TypeError, match=r"WithSet.table: no command-line form"):
+        _parser(WithSet)
+    assert _parse("--n", "2", cls=WithSet, exclude=("table",)) == WithSet(n=2)
+
+
+@dataclasses.dataclass
+class Table:
+    """Fields:
+        table: a mapping.
+    """
+
+    table: dict = dataclasses.field(default_factory=lambda: {"keep": 1})
+
+
+def test_a_dict_flag_merges_key_value_pairs_or_takes_a_json_object():
+    assert _parse(cls=Table).table == {"keep": 1}
+    assert _parse("--table", "a.b=2", "--table", "c=x", cls=Table).table == {"keep": 1, "a": {"b": 2}, "c": "x"}
+    assert _parse("--table", '{"only": [1, 2]}', cls=Table).table == {"only": [1, 2]}
+    with pytest.raises(argparse.ArgumentError, match="expected KEY=VALUE or a JSON object"):
+        _parse("--table", "nokey", cls=Table)
+    with pytest.raises(argparse.ArgumentError, match="not a JSON object"):
+        _parse("--table", "{broken", cls=Table)
+
+
+def test_a_repeated_list_flag_adds_to_it_after_replacing_the_default():
+    assert _parse("--names", "x", "--names", "y,z").names == ("x", "y", "z")
+
+
+@dataclasses.dataclass
+class Inner:
+    """The nested part.
+
+    Fields:
+        steps: how many.
+        fast: go fast.
+    """
+
+    steps: int = 5
+    fast: bool = False
+
+
+@dataclasses.dataclass
+class Outer:
+    """Fields:
+        inner: a nested config.
+        flat: a flattened one.
+        name: a name.
+    """
+
+    inner: Inner = nested(Inner, steps=7)
+    flat: Inner = nested(Inner, flatten=True, fast=True)
+    name: str = "o"
+
+    def __post_init__(self):
+        resolve_nested(self)
+
+
+def test_nested_configs_get_dotted_flags_and_flattened_ones_plain_flags():
+    assert _parse(cls=Outer) == Outer()
+    assert Outer().inner.steps == 7 and Outer().flat.fast is True  # the parent's defaults
+    got = _parse("--inner.steps", "9", "--inner.fast", "--steps", "3", "--no-fast", cls=Outer)
+    assert got == Outer(inner=Inner(steps=9, fast=True), flat=Inner(steps=3, fast=False))
+    assert _parse("--inner.steps", "4", cls=Outer).inner.steps == 4
+    assert _parse("--in", "4", cls=Outer, aliases={"inner.steps": ("--in",)}).inner.steps == 4
+    help_text = _parser(Outer).format_help()
+    assert "--inner.steps STEPS" in help_text and "how many. (default: 7)" in help_text
+    assert "--inner.*: Inner" in help_text and "--fast [BOOL]" in help_text
 
 
 def test_parse_bool_words():
@@ -179,19 +244,24 @@ def test_finetune_flags_are_the_configs():
     from sampan.finetune.config import FinetuneConfig
 
     args = _verb("finetune", "--task", "ner", "--model", "m", "--output-dir", "o")
-    assert dataclass_from_args(FinetuneConfig, args) == FinetuneConfig(task="ner", model="m", output_dir="o")
+    assert dataclass_from_args(FinetuneConfig, args) == FinetuneConfig(task="ner", model="m",
+                                                                       training={"output_dir": "o"})
     # the flags the tests, docs and recipes have always used
     args = _verb("finetune", "--task", "ner", "--model", "m", "--output-dir", "o", "--steps", "6",
                  "--no-tag-transitions", "--no-group-by-length", "--overwrite", "--freeze", "a.b,c",
                  "--augment-types", "PER", "--max-train-examples", "200", "--dropout", "0.1", "--json")
     config = dataclass_from_args(FinetuneConfig, args)
-    assert (config.max_steps, config.tag_transitions, config.group_by_length, config.overwrite) == (6, False, False, True)
+    training = config.training
+    assert (training.max_steps, config.tag_transitions, training.group_by_length,
+            training.overwrite_output_dir) == (6, False, False, True)
     assert config.freeze == ("a.b", "c") and config.augment_types == ("PER",) and config.max_train_examples == 200
     assert config.dropout == 0.1 and args.json
     # fields that had no flag before have one now
-    assert dataclass_from_args(FinetuneConfig, _verb("finetune", "--task", "ner", "--model", "m", "--output-dir",
-                                                      "o", "--lora-targets", "q_proj", "--warmup", "0.2")
-                               ).lora_targets == ("q_proj",)
+    config = dataclass_from_args(FinetuneConfig, _verb("finetune", "--task", "ner", "--model", "m", "--output-dir",
+                                                        "o", "--lora-targets", "q_proj", "--warmup", "0.2",
+                                                        "--training.lr_scheduler", "cosine"))
+    assert config.lora_targets == ("q_proj",) and config.training.warmup_ratio == 0.2
+    assert config.training.lr_scheduler == "cosine"  # every TrainingArguments field is a flag
 
 
 def test_pretrain_and_data_build_flags_are_the_configs():
@@ -199,11 +269,13 @@ def test_pretrain_and_data_build_flags_are_the_configs():
     from sampan.text.build import DataBuildConfig
 
     args = _verb("pretrain", "--data", "d")
-    assert dataclass_from_args(PretrainConfig, args) == PretrainConfig(data="d") and args.override == []
+    assert dataclass_from_args(PretrainConfig, args) == PretrainConfig(data="d")
     args = _verb("pretrain", "--data", "d", "--steps", "4", "--no-pack", "--features", "pinyin,stroke", "--resume",
-                 "--override", "num_layers=2")
+                 "--override", "num_layers=2", "--override", "dropout=0.0", "--model", "ernie-base")
     config = dataclass_from_args(PretrainConfig, args)
-    assert (config.max_steps, config.pack, config.features, config.resume) == (4, False, ("pinyin", "stroke"), True)
+    assert (config.training.max_steps, config.pack, config.features) == (4, False, ("pinyin", "stroke"))
+    assert config.training.resume_from_checkpoint == "auto"
+    assert (config.model.name, config.model.overrides) == ("ernie-base", {"num_layers": 2, "dropout": 0.0})
     assert dataclass_from_args(DataBuildConfig, _verb("data", "build", "--out", "x")) == DataBuildConfig(out="x")
     args = _verb("data", "build", "--out", "x", "--corpus", "news", "--tokenizer", "t.json", "--overwrite",
                  "--max-docs", "5", "--workers", "2")
@@ -215,8 +287,11 @@ def test_demo_flags_are_the_configs():
     from sampan.demo import DemoConfig
 
     assert dataclass_from_args(DemoConfig, _verb("demo")) == DemoConfig()
-    assert dataclass_from_args(DemoConfig, _verb("demo", "--steps", "7", "--amp", "bf16")) == DemoConfig(steps=7,
-                                                                                                     amp="bf16")
+    got = dataclass_from_args(DemoConfig, _verb("demo", "--gpt.training.max_steps", "7", "--gpt.training.amp", "bf16",
+                                                 "--ernie.pretrain.training.max_steps", "5", "--stages", "ernie,gpt"))
+    assert got == DemoConfig(gpt={"training": {"max_steps": 7, "amp": "bf16"}},
+                             ernie={"pretrain": {"training": {"max_steps": 5}}}, stages=("ernie", "gpt"))
+    assert got.gpt.training.learning_rate == 3e-3 and got.ernie.pretrain.training.learning_rate == 1e-3
 
 
 def test_every_command_module_is_registered():

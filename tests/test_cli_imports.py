@@ -46,8 +46,8 @@ def test_the_parser_and_the_help_import_no_torch():
 def test_a_verb_with_torch_side_flags_adds_them_when_it_runs():
     """The demo's flags come from DemoConfig, beside torch: there only once the verb is chosen."""
     probe = ("import sys; from sampan.cli import build_parser; p = build_parser(); "
-             "print('torch' in sys.modules); a = p.parse_args(['demo', '--steps', '5']); "
-             "print('torch' in sys.modules, a.steps, a.out_dir)")
+             "print('torch' in sys.modules); a = p.parse_args(['demo', '--gpt.training.max_steps', '5']); "
+             "print('torch' in sys.modules, getattr(a, 'gpt.training.max_steps'), getattr(a, 'gpt.training.output_dir'))")
     run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.split() == ["False", "True", "5", "outputs/demo"]

@@ -136,7 +136,7 @@ def test_trainer_on_a_missing_gpu_fails_before_training(tmp_path):
 @pytest.mark.parametrize("argv", [
     ["pretrain", "--data", "nowhere", "--device", "cuda"],
     ["finetune", "--task", "sentiment_analysis", "--model", "ernie-tiny", "--output-dir", "x", "--device", "cuda:1"],
-    ["demo", "--device", "cuda"],
+    ["demo", "--gpt.training.device", "cuda"],
     ["bench", "comm", "--device", "cuda"],
 ])
 def test_cli_verbs_take_a_device_and_say_when_there_is_no_gpu(argv, tmp_path):

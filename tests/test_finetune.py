@@ -40,8 +40,16 @@ from sampan.text.windows import sentence_windows
 HIDDEN, LAYERS = 32, 2
 NER_LABELS = bio_labels(["PER", "LOC", "ORG"])
 # Small runs: a few steps on a few hundred examples, short inputs.
-FAST = dict(max_steps=12, batch_size=16, max_length=48, max_train_examples=320, max_eval_examples=64,
-            logging_steps=4)
+FAST = dict(max_length=48, max_train_examples=320, max_eval_examples=64)
+FAST_TRAINING = dict(max_steps=12, per_device_train_batch_size=16, logging_steps=4)
+
+
+def small(output_dir: Path, learning_rate: float | None = None, **fields) -> FinetuneConfig:
+    """A small fine-tune (``FAST``) writing to ``output_dir``; ``fields`` are FinetuneConfig's."""
+    training = {**FAST_TRAINING, "output_dir": str(output_dir)}
+    if learning_rate is not None:
+        training["learning_rate"] = learning_rate
+    return FinetuneConfig(**{**FAST, **fields}, training=training)
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +81,7 @@ def runs(base_dir, tmp_path_factory):
         "full-embedding-lora": dict(method="full", learning_rate=1e-3, save="adapter", embedding_lora_rank=4,
                                     freeze=("ernie.embeddings.word_embeddings",)),
     }
-    return {name: finetune(FinetuneConfig(task="ner", model=str(base_dir), output_dir=str(root / name), **FAST, **spec))
-            for name, spec in specs.items()}
+    return {name: finetune(small(root / name, task="ner", model=str(base_dir), **spec)) for name, spec in specs.items()}
 
 
 # -- data -------------------------------------------------------------------------------------------
@@ -428,8 +435,8 @@ def test_a_base_with_character_features_goes_from_finetune_to_taskflow(base_dir,
     shutil.copyfile(base_dir / "tokenizer.json", base / "tokenizer.json")
     features.save(base / "features.json")
     out = tmp_path / "sentiment-features"
-    finetune(FinetuneConfig(task="sentiment_analysis", model=str(base), output_dir=str(out), method="full",
-                            learning_rate=1e-3, save="adapter", freeze=("ernie.embeddings.word_embeddings",), **FAST))
+    finetune(small(out, 1e-3, task="sentiment_analysis", model=str(base), method="full", save="adapter",
+                   freeze=("ernie.embeddings.word_embeddings",)))
     model, tokenizer, meta = load_task_model(out)
     assert meta["features"] == ["pinyin", "radical", "stroke"]
     texts = ["这家餐厅的服务非常棒", "房间太旧了"]
@@ -575,9 +582,8 @@ def test_mean_pooling_and_dropout_are_stored_and_reloaded(base_dir, tmp_path):
     from sampan.finetune.encoding import PadCollator, encode_examples
     from sampan.finetune.evaluate import predict_logits
 
-    cfg = FinetuneConfig(task="sentiment_analysis", model=str(base_dir), output_dir=str(tmp_path / "s"), **FAST,
-                         pooling="mean", dropout=0.1, learning_rate=1e-3, save="adapter",
-                         freeze=("ernie.embeddings.word_embeddings",))
+    cfg = small(tmp_path / "s", 1e-3, task="sentiment_analysis", model=str(base_dir), pooling="mean", dropout=0.1,
+                save="adapter", freeze=("ernie.embeddings.word_embeddings",))
     assert cfg.config_overrides() == {"classifier_pooling": "mean", "dropout": 0.1, "attention_dropout": 0.1}
     result = finetune(cfg)
     model, tokenizer, meta = load_task_model(result.output_dir)
@@ -596,8 +602,7 @@ def test_mean_pooling_and_dropout_are_stored_and_reloaded(base_dir, tmp_path):
 
 @pytest.mark.slow
 def test_freeze_prefix_that_names_nothing_is_an_error(base_dir, tmp_path):
-    cfg = FinetuneConfig(task="ner", model=str(base_dir), output_dir=str(tmp_path / "out"), freeze="ernie.embedings",
-                         **FAST)
+    cfg = small(tmp_path / "out", task="ner", model=str(base_dir), freeze="ernie.embedings")
     with pytest.raises(ValueError, match=r"freeze prefixes \['ernie.embedings'\] name no parameter"):
         finetune(cfg)
 
@@ -621,8 +626,9 @@ def test_user_jsonl_sentiment_data(base_dir, tmp_path):
     data_file = tmp_path / "reviews.jsonl"
     _write_reviews(data_file)
     result = finetune(FinetuneConfig(task="sentiment_analysis", model=str(base_dir), data=str(data_file),
-                                     method="lora", learning_rate=3e-3, output_dir=str(tmp_path / "out"),
-                                     max_steps=6, batch_size=16, max_length=48))
+                                     method="lora", max_length=48,
+                                     training={"learning_rate": 3e-3, "output_dir": str(tmp_path / "out"),
+                                               "max_steps": 6, "per_device_train_batch_size": 16}))
     assert result.labels == ["neg", "pos"]
     assert sum(result.data_sizes.values()) == 300
     assert 0.0 <= result.metrics["accuracy"] <= 1.0 and result.metrics["examples"] == result.data_sizes["test"]
@@ -630,7 +636,7 @@ def test_user_jsonl_sentiment_data(base_dir, tmp_path):
     assert meta["labels"] == ["neg", "pos"] and model.config.num_labels == 2
     with pytest.raises(ValueError, match="not empty"):
         finetune(FinetuneConfig(task="sentiment_analysis", model=str(base_dir), data=str(data_file),
-                                output_dir=str(tmp_path / "out")))
+                                training={"output_dir": str(tmp_path / "out")}))
 
 
 def test_malformed_jsonl_lines_name_the_line(tmp_path):
@@ -655,8 +661,10 @@ def test_config_validation():
     with pytest.raises(ValueError, match="save='adapter'"):
         FinetuneConfig(method="full", save="adapter")
     assert FinetuneConfig(method="full", save="adapter", freeze="a.b, c").freeze == ("a.b", "c")
-    with pytest.raises(ValueError, match="warmup"):
-        FinetuneConfig(warmup=5)
+    with pytest.raises(ValueError, match="TrainingArguments.warmup_ratio must be a fraction"):
+        FinetuneConfig(training={"warmup_ratio": 5})
+    with pytest.raises(ValueError, match="training.strategy is not used by a fine-tune"):
+        FinetuneConfig(training={"strategy": {"hybrid_configs": {"dp_degree": 2}}})
 
 
 def test_cli_finetune_end_to_end(base_dir, tmp_path, capsys):
@@ -678,7 +686,8 @@ def test_cli_finetune_end_to_end(base_dir, tmp_path, capsys):
         main(["finetune", "--help"])
     assert exit_info.value.code == 0
     usage = capsys.readouterr().out
-    assert all(flag in usage for flag in ("--method", "--lora-rank", "--save", "--max-train-examples"))
+    assert all(flag in usage for flag in ("--method", "--lora-rank", "--save", "--max-train-examples",
+                                          "--training.lr_scheduler", "--steps", "--epochs"))
 
 
 @pytest.mark.slow

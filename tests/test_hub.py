@@ -56,7 +56,7 @@ def test_hub_list_shows_each_cards_scores_and_json_every_figure(home, capsys):
     """The table row keeps a card's scores (F1, accuracy, perplexity) and drops losses, supports
     and precision / recall parts; ``--json`` keeps every figure."""
     from sampan.cli import main as cli_main
-    from sampan.hub.command import headline_metrics
+    from sampan.commands.hub import headline_metrics
 
     ner = json.loads((SHIPPED_DIR / "ernie-tiny-ner" / "card.json").read_text(encoding="utf-8"))["metrics"]
     shown = headline_metrics(ner)
@@ -71,7 +71,7 @@ def test_hub_list_table_fits_80_columns_without_cutting_names_or_figures(home, c
     """What a reader copies from the table (a model's name) or compares (its figures) is whole in
     an 80-column terminal: nothing is cut with an ellipsis or folded across lines."""
     from sampan.cli import main as cli_main
-    from sampan.hub.command import headline_metrics
+    from sampan.commands.hub import headline_metrics
 
     monkeypatch.setenv("COLUMNS", "80")
     assert cli_main(["hub", "list"]) == 0
@@ -107,24 +107,52 @@ def test_the_store_names_exactly_the_recipes():
 
 
 def test_recipe_settings_are_typed_and_checked():
-    s = recipes.parse_settings(recipes.GPTSettings, ["steps=5", "learning_rate=0.01", "corpora=news"])
-    assert (s.steps, s.learning_rate, s.corpora) == (5, 0.01, "news")
-    with pytest.raises(ValueError, match="'stepz=5': did you mean 'steps'\\? expected KEY=VALUE with KEY one of"):
-        recipes.parse_settings(recipes.GPTSettings, ["stepz=5"])
-    with pytest.raises(ValueError, match="steps takes an integer, e.g. steps=1000"):
-        recipes.parse_settings(recipes.GPTSettings, ["steps=2.5"])  # was cut to 2 without a word
-    with pytest.raises(ValueError, match="learning_rate takes a number"):
-        recipes.parse_settings(recipes.GPTSettings, ["learning_rate=fast"])
-    assert recipes.parse_settings(recipes.GPTSettings, ["steps=1e3"]).steps == 1000
-    e = recipes.parse_settings(recipes.ErnieSettings, ["pack=false", "pre_norm=1", "dropout=0"])
-    assert (e.pack, e.pre_norm, e.dropout) == (False, True, 0.0)  # not bool("false")
-    assert recipes.parse_settings(recipes.ErnieSettings, ["pack=no"]).pack is False  # every flag's words
-    with pytest.raises(ValueError, match="pack is true or false"):
-        recipes.parse_settings(recipes.ErnieSettings, ["pack=maybe"])
+    s = recipes.parse_settings(recipes.GPTRecipe, ["training.max_steps=5", "training.learning_rate=0.01",
+                                                   "data.corpora=news", "model.overrides.hidden_size=32"])
+    assert (s.training.max_steps, s.training.learning_rate, s.data.corpora) == (5, 0.01, ("news",))
+    assert s.model.overrides == {"hidden_size": 32, "num_layers": 4, "num_heads": 4}  # the recipe's others kept
+    with pytest.raises(ValueError, match=r"'training.max_stepz=5': did you mean 'training.max_steps'\? expected "
+                                         "KEY=VALUE with KEY a field of GPTRecipe: data.\\*, eval_windows"):
+        recipes.parse_settings(recipes.GPTRecipe, ["training.max_stepz=5"])
+    # the flat keys these settings had before they nested the verbs' configs name their new place
+    with pytest.raises(ValueError, match=r"steps is now training.max_steps \(--set training.max_steps=5\)"):
+        recipes.parse_settings(recipes.GPTRecipe, ["steps=5"])
+    with pytest.raises(ValueError, match="training.max_steps takes an integer, e.g. training.max_steps=1000"):
+        recipes.parse_settings(recipes.GPTRecipe, ["training.max_steps=2.5"])  # was cut to 2 without a word
+    with pytest.raises(ValueError, match="training.learning_rate takes a number"):
+        recipes.parse_settings(recipes.GPTRecipe, ["training.learning_rate=fast"])
+    with pytest.raises(ValueError, match="training.output_dir is set by the recipe itself"):
+        recipes.parse_settings(recipes.GPTRecipe, ["training.output_dir=/tmp/x"])
+    assert recipes.parse_settings(recipes.GPTRecipe, ["training.max_steps=1e3"]).training.max_steps == 1000
+    e = recipes.parse_settings(recipes.ErnieRecipe, ["pretrain.pack=false", "pretrain.model.overrides.pre_norm=true",
+                                                     "pretrain.model.overrides.dropout=0"])
+    assert (e.pretrain.pack, e.pretrain.model.overrides["pre_norm"], e.pretrain.model.overrides["dropout"]) == (
+        False, True, 0)  # not bool("false")
+    assert recipes.parse_settings(recipes.ErnieRecipe, ["pretrain.pack=no"]).pretrain.pack is False  # every flag's words
+    with pytest.raises(ValueError, match="pretrain.pack is true or false"):
+        recipes.parse_settings(recipes.ErnieRecipe, ["pretrain.pack=maybe"])
+    ner = recipes.parse_settings(recipes.NERRecipe, ["finetune.training.max_steps=30", "finetune.freeze=",
+                                                     "finetune.embedding_lora_rank=0", "finetune.save=merged"])
+    assert ner.finetune.task == "ner" and ner.finetune.training.max_steps == 30 and ner.finetune.freeze == ()
+    with pytest.raises(ValueError, match="embedding_lora_rank=32 adds an update to a table that trains whole"):
+        recipes.parse_settings(recipes.NERRecipe, ["finetune.freeze="])  # the config's own checks still run
     with pytest.raises(ValueError, match="no recipe 'bert'; recipes:"):
         recipes.build("bert")
     with pytest.raises(ValueError, match="no recipe 'gpt-zx'; did you mean 'gpt-zh'"):
         recipes.build("gpt-zx")
+
+
+def test_each_recipe_flag_sets_its_setting():
+    """``sampan hub build NAME`` generates its flags from the recipe's settings; ``--set`` is the same."""
+    from sampan.cli import build_parser
+    from sampan.utils.flags import dataclass_from_args
+
+    args = build_parser().parse_args(["hub", "build", "ernie-tiny-sentiment", "--finetune.training.max_steps", "30",
+                                      "--finetune.method", "lora", "--set", "finetune.lora_rank=4"])
+    settings = dataclass_from_args(recipes.SentimentRecipe, args)
+    assert (settings.finetune.training.max_steps, settings.finetune.method) == (30, "lora")
+    assert getattr(args, "changes.set") == ["finetune.lora_rank=4"]
+    assert settings.finetune.training.learning_rate == 3e-4  # the recipe's default, not finetune's
 
 
 def test_a_failed_build_leaves_nothing_behind(home, monkeypatch):
@@ -132,7 +160,7 @@ def test_a_failed_build_leaves_nothing_behind(home, monkeypatch):
         (out / "model.safetensors").write_bytes(b"half")
         raise RuntimeError("out of memory at step 7")
 
-    monkeypatch.setitem(recipes.RECIPES, "broken", recipes.Recipe("broken", "fill_mask", "", recipes.DataSettings,
+    monkeypatch.setitem(recipes.RECIPES, "broken", recipes.Recipe("broken", "fill_mask", "", recipes.GPTRecipe,
                                                                    broken))
     with pytest.raises(RuntimeError, match="step 7"):
         recipes.build("broken", out_root=home / "models")
@@ -146,10 +174,11 @@ def test_gpt_recipe_builds_a_usable_seeded_model(home, poetry_corpus):
     runs the result through the predictor."""
     import shutil
 
-    settings = ["corpora=news,sanguo", "max_docs=12", "vocab_size=600", "seq_len=32", "steps=3", "batch_size=2",
-                "hidden_size=32", "num_layers=1", "num_heads=2", "warmup_steps=1", "eval_windows=4",
-                "poetry_docs=6", "poetry_test_docs=2"]
-    cmd = [sys.executable, "-m", "sampan.cli", "hub", "build", "gpt-zh"] + [a for s in settings for a in ("--set", s)]
+    settings = ["data.corpora=news,sanguo", "data.max_docs=12", "data.vocab_size=600", "data.seq_len=32",
+                "training.max_steps=3", "training.per_device_train_batch_size=2", "model.overrides.hidden_size=32",
+                "model.overrides.num_layers=1", "model.overrides.num_heads=2", "training.warmup_steps=1"]
+    cmd = [sys.executable, "-m", "sampan.cli", "hub", "build", "gpt-zh", "--eval-windows", "4", "--poetry-docs", "6",
+           "--poetry-test-docs", "2"] + [a for s in settings for a in ("--set", s)]
     env = {**__import__("os").environ, "SAMPAN_HOME": str(home)}
     missing = subprocess.run(cmd, env=env, timeout=600, capture_output=True, text=True)
     assert missing.returncode != 0 and "run `sampan data fetch poetry` first" in missing.stderr
@@ -158,7 +187,7 @@ def test_gpt_recipe_builds_a_usable_seeded_model(home, poetry_corpus):
     subprocess.run(cmd, check=True, env=env, timeout=600, capture_output=True)
     built = home / "models" / "gpt-zh"
     card = json.loads((built / "card.json").read_text(encoding="utf-8"))
-    assert card["settings"]["steps"] == 3 and card["settings"]["hidden_size"] == 32
+    assert card["settings"]["training"]["max_steps"] == 3 and card["settings"]["model"]["overrides"]["hidden_size"] == 32
     assert card["settings"]["poetry_docs"] == 6
     assert card["metrics"]["heldout_loss"] > 0 and card["metrics"]["heldout_poetry_loss"] > 0
     builds = {p.name.split("-")[1]: p for p in (home / "build").iterdir() if p.name.startswith("data-")}

@@ -18,7 +18,7 @@ from sampan.models import create
 from sampan.nn.recompute import apply_recompute, offload_host
 from sampan.planner.hardware import get_hardware
 from sampan.planner.layout import Layout, Workload, parse_fix
-from sampan.planner.memory import _stage_memory, offloaded_input_bytes
+from sampan.planner.memory import offloaded_input_bytes, stage_memory
 from sampan.planner.model_shape import load_model
 from sampan.planner.time import step_time
 
@@ -109,7 +109,7 @@ def test_the_planner_prices_offload_as_less_memory_and_copy_time():
     off = parse_fix("dp=2,mp=8,pp=4,micro_batch=1,recompute=full", 64, work)
     per_block = offloaded_input_bytes(shape, on, work)
     layers = -(-shape.layers // 4)
-    saved = _stage_memory(shape, off, work, 0).total - _stage_memory(shape, on, work, 0).total
+    saved = stage_memory(shape, off, work, 0).total - stage_memory(shape, on, work, 0).total
     # Stage 0 holds pp = 4 micro-batches in flight; backward brings one block's input back.
     assert saved == pytest.approx((4 * layers - 1) * per_block, rel=1e-9)
     t_on, t_off = step_time(shape, on, work, hw), step_time(shape, off, work, hw)

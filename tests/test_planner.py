@@ -353,8 +353,8 @@ def test_cli_errors_say_what_is_wrong(capsys, args, message):
 
 
 def test_write_strategy_round_trips_through_the_trainer(tmp_path, capsys):
+    from sampan.runfile import RunConfig
     from sampan.trainer.fleet_backend import strategy_for
-    from sampan.trainer.run_config import RunConfig
 
     for extra in ([], ["--fix", "dp=2,mp=4,pp=8,micro_batch=1,recompute=full,vpp=2"]):
         path = tmp_path / "run.toml"
@@ -364,8 +364,8 @@ def test_write_strategy_round_trips_through_the_trainer(tmp_path, capsys):
         config = RunConfig.from_file(path)
         strategy = strategy_for(config.training)
         degrees = strategy.resolve_degrees(64)
-        strategy.validate_for_model(96, 96, config.model["vocab_size"], degrees)
-        assert config.model["name"] == "gpt-175b" and config.data.seq_len == 2048
+        strategy.validate_for_model(96, 96, config.model.overrides["vocab_size"], degrees)
+        assert config.model.name == "gpt-175b" and config.data.seq_len == 2048
         pipe = strategy.pipeline_configs
         data_ranks = degrees["dp"] * degrees["sharding"]
         assert pipe.accumulate_steps * config.training.per_device_train_batch_size * data_ranks == 256
@@ -440,9 +440,9 @@ def test_hugging_face_gpt2_and_bert_configs_plan_like_the_zoo(tmp_path, name):
 
 def _planned_model(run_file: Path) -> tuple[dict, ModelShape]:
     """The run file's [model] table, and the shape of the model `sampan train` would build from it."""
-    from sampan.trainer.run_config import RunConfig
+    from sampan.runfile import RunConfig
 
-    table = RunConfig.from_file(run_file).model
+    table = RunConfig.from_file(run_file).model.table()
     config = get_config(table["name"], **{k: v for k, v in table.items() if k != "name"})
     return table, shape_from_config("run", config)
 

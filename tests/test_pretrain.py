@@ -128,9 +128,12 @@ def test_pretrain_cli_trains_and_the_loss_falls(build, tmp_path, capsys):
 
 def test_staged_masking_resumes_exactly(build, tmp_path):
     def config(out, resume=False):
-        return PretrainConfig(data=str(build), output_dir=str(out), max_steps=12, save_steps=6, batch_size=4,
-                              learning_rate=1e-3, warmup_steps=2, logging_steps=6, eval_rows=8, resume=resume,
-                              model_overrides={"num_layers": 1, "hidden_size": 64, "num_heads": 2})
+        return PretrainConfig(data=str(build), eval_rows=8,
+                              model={"name": "ernie-tiny", "overrides": {"num_layers": 1, "hidden_size": 64,
+                                                                        "num_heads": 2}},
+                              training={"output_dir": str(out), "max_steps": 12, "save_steps": 6,
+                                        "per_device_train_batch_size": 4, "learning_rate": 1e-3, "warmup_steps": 2,
+                                        "logging_steps": 6, "resume_from_checkpoint": "auto" if resume else None})
 
     trainer, summary = pretrain(config(tmp_path / "a"))
     assert summary["stages"] == [(0, "char"), (3, "phrase"), (6, "entity")]  # 20% / 30% / 50% of 12 steps
@@ -146,9 +149,10 @@ def test_staged_masking_resumes_exactly(build, tmp_path):
 
 
 def test_features_flag_adds_pinyin_radical_stroke_embeddings(build, tmp_path):
-    trainer, _ = pretrain(PretrainConfig(data=str(build), output_dir=str(tmp_path / "f"), max_steps=2, batch_size=4,
-                                         features=("pinyin", "radical", "stroke"), eval_rows=4,
-                                         model_overrides={"num_layers": 1, "hidden_size": 64, "num_heads": 2}))
+    trainer, _ = pretrain(PretrainConfig(
+        data=str(build), features=("pinyin", "radical", "stroke"), eval_rows=4,
+        model={"name": "ernie-tiny", "overrides": {"num_layers": 1, "hidden_size": 64, "num_heads": 2}},
+        training={"output_dir": str(tmp_path / "f"), "max_steps": 2, "per_device_train_batch_size": 4}))
     config = trainer.model.config
     features = CharFeatures.load(build / "features.json")
     assert config.pinyin_vocab_size == len(features.pinyin_vocab) > 300

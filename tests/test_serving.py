@@ -24,8 +24,8 @@ import pytest
 import torch
 
 import sampan
+from sampan.server_process import ServerProcess
 from sampan.serving import ServingConfig, create_app
-from sampan.serving.launcher import ServerProcess
 from sampan.static import InputSpec
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ import os
 import httpx
 import pytest
 
-from sampan.serving.launcher import ServerProcess
+from sampan.server_process import ServerProcess
 
 CHROMIUM = "/usr/bin/chromium"
 # From /work/shared/DEPS-VERIFIED.md: headless, no sandbox (root in CI), nothing that phones home.

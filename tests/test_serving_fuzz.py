@@ -29,8 +29,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import sampan
+from sampan.server_process import ServerProcess
 from sampan.serving.config import ServingConfig
-from sampan.serving.launcher import ServerProcess
 from sampan.static import InputSpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]

@@ -184,6 +184,9 @@ def test_load_config_file_toml_and_yaml(tmp_path):
     assert load_config_file(yaml_upper) == expected
     args = TrainingArguments.from_dict(load_config_file(toml)["training"])
     assert (args.max_steps, args.learning_rate, args.amp) == (10, 0.003, "bf16")
+    as_json = tmp_path / "run.json"
+    as_json.write_text(json.dumps(expected))
+    assert load_config_file(as_json) == expected
     empty = tmp_path / "empty.yaml"
     empty.write_text("")
     assert load_config_file(empty) == {}
@@ -207,10 +210,14 @@ def test_wrongly_typed_argument_is_a_value_error_naming_the_field(field, value):
 def test_load_config_file_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="missing.toml not found"):
         load_config_file(tmp_path / "missing.toml")
-    wrong = tmp_path / "run.json"
-    wrong.write_text("{}")
-    with pytest.raises(ValueError, match=r"must end in \.toml, \.yaml or \.yml"):
+    wrong = tmp_path / "run.ini"
+    wrong.write_text("[training]\n")
+    with pytest.raises(ValueError, match=r"must end in \.toml, \.yaml, \.yml or \.json"):
         load_config_file(wrong)
+    broken = tmp_path / "run.toml"
+    broken.write_text("[training\n")
+    with pytest.raises(ValueError, match=f"config file {broken} is not valid TOML"):
+        load_config_file(broken)
     listing = tmp_path / "list.yaml"
     listing.write_text("- 1\n- 2\n")
     with pytest.raises(ValueError, match="top level"):

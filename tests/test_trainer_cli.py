@@ -215,8 +215,14 @@ def test_report_table_and_missing_run(trained, tmp_path, capsys):
 @pytest.mark.slow
 def test_demo_runs_and_leaves_its_evidence(tmp_path):
     out = tmp_path / "demo"
-    code, stdout = run_cli(["demo", "--steps", "4", "--batch-size", "2", "--seq-len", "32", "--eval-every", "2",
-                            "--max-new-tokens", "5", "--out-dir", str(out)])
+    # Every stage, each at its smallest: the ERNIE stage's build and 8 steps, 2 fine-tuning steps,
+    # 4 GPT steps; each stage's settings are its verb's own flags under the stage's name.
+    code, stdout = run_cli(["demo", "--ernie.data.max_docs", "20", "--ernie.data.seq_len", "32",
+                            "--ernie.pretrain.training.max_steps", "8", "--ernie.pretrain.training.per_device_train_batch_size", "2",
+                            "--sentiment.finetune.training.max_steps", "2", "--sentiment.finetune.max_eval_examples",
+                            "64", "--sentiment.finetune.training.per_device_train_batch_size", "4",
+                            "--gpt.training.max_steps", "4", "--gpt.training.per_device_train_batch_size", "2", "--gpt.data.seq_len",
+                            "32", "--gpt.training.eval_steps", "2", "--max-new-tokens", "5", "--out-dir", str(out)])
     assert code == 0
     assert (out / "report.png").read_bytes()[:8] == PNG_SIGNATURE
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))

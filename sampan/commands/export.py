@@ -3,18 +3,42 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 from sampan.commands import set_handler
 
 
+@dataclasses.dataclass
+class ExportOptions:
+    """What to export, where to, and where to check it.
+
+    Fields:
+        model_dir: a directory written by save_pretrained or `sampan finetune` (either --save layout),
+            or a stored model's name (`sampan hub list`).
+        out: the inference directory to write (atomically).
+        overwrite: replace an existing OUT.
+        device: where the exported programs are checked against the eager model: cpu, auto, cuda or
+            cuda:N. The export itself is traced on the CPU in float32 either way, so OUT runs on any
+            device; with a GPU the .pt2 is checked on it, and the .onnx too when ONNX Runtime has its
+            CUDA provider (onnxruntime-gpu), else on the CPU. The printed checked_on says where each ran.
+    """
+
+    model_dir: str
+    out: str
+    overwrite: bool = False
+    device: str = "cpu"
+
+
 def run(args: argparse.Namespace) -> int:
     from sampan.inference import export_model_dir
     from sampan.inference.pretrained import verify_devices
+    from sampan.utils.flags import dataclass_from_args
 
-    checked_on = verify_devices(args.device)  # before the model loads: a GPU that is not there fails at once
-    out = export_model_dir(args.model_dir, args.out, overwrite=args.overwrite,  # an existing OUT: FileExistsError
-                           verify_device=args.device)
+    options = dataclass_from_args(ExportOptions, args)
+    checked_on = verify_devices(options.device)  # before the model loads: a GPU that is not there fails at once
+    out = export_model_dir(options.model_dir, options.out, overwrite=options.overwrite,  # an existing OUT: error
+                           verify_device=options.device)
     meta = json.loads((out / "inference.json").read_text(encoding="utf-8"))
     if not (out / "inference.onnx").is_file():
         del checked_on["onnxruntime"]  # the ONNX exporter failed; inference.json says why
@@ -35,15 +59,7 @@ def register(subparsers) -> None:
                     "config.json along. Run it with sampan.inference.create_predictor(Config(OUT)). Details: "
                     "docs/inference.md.",
         epilog="example:  sampan export --model-dir outputs/sentiment --out outputs/sentiment-inference")
-    export.add_argument("--model-dir", required=True,
-                        help="a directory written by save_pretrained or `sampan finetune` (either --save layout), "
-                             "or a stored model's name (`sampan hub list`)")
-    export.add_argument("--out", required=True, help="the inference directory to write (atomically)")
-    export.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
-    export.add_argument("--device", default="cpu",
-                        help="where the exported programs are checked against the eager model: cpu, auto, cuda or "
-                             "cuda:N. The export itself is traced on the CPU in float32 either way, so OUT runs on "
-                             "any device; with a GPU the .pt2 is checked on it, and the .onnx too when ONNX Runtime "
-                             "has its CUDA provider (onnxruntime-gpu), else on the CPU. The printed checked_on says "
-                             "where each ran (default: cpu)")
+    from sampan.utils.flags import add_dataclass_args
+
+    add_dataclass_args(export, ExportOptions, metavars={"model_dir": "DIR_OR_NAME", "out": "DIR"})
     set_handler(export, run)

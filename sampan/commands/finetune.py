@@ -10,14 +10,18 @@ from sampan.commands import arguments_later, set_handler
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
     from sampan.finetune.config import METHODS, SAVE_MODES, TASKS, FinetuneConfig  # torch-free
+    from sampan.trainer.arguments import TRAINING_ALIASES
     from sampan.utils.flags import add_dataclass_args
+    from sampan.utils.output import Output
 
-    add_dataclass_args(parser, FinetuneConfig, required=("task", "model", "output_dir"),
-                       flags={"max_steps": ("--steps", "--max-steps")},
+    add_dataclass_args(parser, FinetuneConfig, required=("task", "model", "training.output_dir"),
+                       aliases={**TRAINING_ALIASES, "training.num_train_epochs": ("--epochs",),
+                                "training.warmup_ratio": ("--warmup",),
+                                "training.group_by_length": ("--group-by-length",)},
                        choices={"task": TASKS, "method": METHODS, "save": SAVE_MODES, "pooling": ("cls", "mean")},
                        metavars={"model": "DIR_OR_NAME", "data": "builtin|PATH", "augment_types": "TYPE[,TYPE...]",
                                  "freeze": "PREFIX[,PREFIX...]", "lora_targets": "NAME[,NAME...]"})
-    parser.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
+    add_dataclass_args(parser, Output)
 
 
 def print_result(result, task: str) -> None:
@@ -45,10 +49,11 @@ def run(args: argparse.Namespace) -> int:
     from sampan.finetune.config import FinetuneConfig
     from sampan.finetune.run import finetune
     from sampan.utils.flags import dataclass_from_args
+    from sampan.utils.output import Output
 
     config = dataclass_from_args(FinetuneConfig, args)
     result = finetune(config)
-    if args.json:
+    if dataclass_from_args(Output, args).json:
         print(json.dumps({"output_dir": str(result.output_dir), "metrics": result.metrics,
                           "dev_metrics": result.dev_metrics, "trainable_parameters": result.trainable_parameters,
                           "total_parameters": result.total_parameters, "train_seconds": result.train_seconds},

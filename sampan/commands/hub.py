@@ -1,13 +1,62 @@
-"""``sampan hub list|build|evaluate``: the local model store and its recipes (``sampan.hub``)."""
+"""``sampan hub list|build|evaluate``: the local model store and its recipes (``sampan.hub``).
+
+``sampan hub build NAME`` takes the recipe's settings as flags generated from its settings
+dataclass (``sampan hub build gpt-zh --training.max_steps 300``), or as ``--set KEY=VALUE``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
 
-from sampan.commands import set_handler
+from sampan.commands import arguments_later, set_handler
+from sampan.utils.config import nested
+from sampan.utils.flags import Changes
+
+# The figures a table row has room for: the scores, not their losses, supports or precision /
+# recall parts (``--json`` prints every figure of every card).
+_HEADLINE_SUFFIXES = ("f1", "accuracy", "perplexity")
+
+
+@dataclasses.dataclass
+class BuildOptions:
+    """Where a recipe's model goes, and changes to its settings.
+
+    Fields:
+        out: the store directory (default: $SAMPAN_HOME/models).
+        changes: changes to the recipe's settings (--set KEY=VALUE, the same as each setting's own flag).
+    """
+
+    out: str = ""
+    changes: Changes = nested(Changes, flatten=True)
+
+
+@dataclasses.dataclass
+class EvaluateOptions:
+    """Which stored task model to score again, and on how much.
+
+    Fields:
+        model_name: a store model name or directory.
+        max_examples: score only this many test examples (0 = all).
+        write: put the figures in the model's card.json and task.json (whole split only).
+    """
+
+    model_name: str
+    max_examples: int = 0
+    write: bool = False
+
+
+def headline_metrics(metrics: dict[str, object], sep: str = ", ", short: bool = False) -> str:
+    """A card's scores for ``sampan hub list``: ``test_f1=0.924, test_PER_f1=0.911, ...``;
+    ``short`` drops the split's prefix (``f1=0.924``: every card's scores are held-out figures)."""
+    def name(key: str) -> str:
+        return key.removeprefix("test_").removeprefix("heldout_") if short else key
+
+    return sep.join(f"{name(k)}={v:.3g}" if isinstance(v, float) else f"{name(k)}={v}"
+                    for k, v in metrics.items() if k.endswith(_HEADLINE_SUFFIXES))
 
 
 def run_list(args: argparse.Namespace) -> int:
@@ -16,7 +65,6 @@ def run_list(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     import sampan.hub as hub
-    from sampan.hub.command import headline_metrics
     from sampan.hub.recipes import RECIPES
 
     listing = hub.list()
@@ -50,52 +98,74 @@ def run_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_build(args: argparse.Namespace) -> int:
-    from sampan.hub.recipes import build
+def _build_arguments(name: str):
+    def add(parser: argparse.ArgumentParser) -> None:
+        from sampan.hub.recipes import RECIPES  # torch-free: settings are plain configs
+        from sampan.utils.flags import add_dataclass_args
 
-    build(args.name, args.set, out_root=Path(args.out) if args.out else None)
+        add_dataclass_args(parser, BuildOptions, metavars={"changes.set": "KEY=VALUE", "out": "DIR"})
+        add_dataclass_args(parser, RECIPES[name].settings)
+
+    return add
+
+
+def run_build(args: argparse.Namespace) -> int:
+    from sampan.hub.recipes import RECIPES, build
+    from sampan.utils.flags import dataclass_from_args
+
+    options = dataclass_from_args(BuildOptions, args)
+    settings = dataclass_from_args(RECIPES[args.recipe].settings, args)
+    build(args.recipe, options.changes.set, out_root=Path(options.out) if options.out else None, settings=settings)
     return 0
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
-    if args.write and args.max_examples:
+    from sampan.utils.flags import dataclass_from_args
+
+    options = dataclass_from_args(EvaluateOptions, args)
+    if options.write and options.max_examples:
         raise ValueError("--write records whole-split figures; drop --max-examples")
     from sampan.hub.evaluate import evaluate_model, write_metrics
 
-    metrics = evaluate_model(args.name, args.max_examples)
+    metrics = evaluate_model(options.model_name, options.max_examples)
     print(json.dumps(metrics, ensure_ascii=False, indent=2))
-    if args.write:
-        print(f"wrote the figures to {write_metrics(args.name, metrics)}", file=sys.stderr)
+    if options.write:
+        print(f"wrote the figures to {write_metrics(options.model_name, metrics)}", file=sys.stderr)
     return 0
 
 
 def register(subparsers) -> None:
+    from sampan.store.models import RECIPE_NAMES  # torch-free and recipe-free: the names only
+    from sampan.utils.flags import add_dataclass_args
+    from sampan.utils.output import Output
+
     hub = subparsers.add_parser("hub", help="the local model store: list models, build them from recipes",
                                 description="Models ship in the package and can be (re)built under "
                                             "$SAMPAN_HOME/models (default ~/.sampan) by the seeded recipes that "
                                             "made them.")
     actions = hub.add_subparsers(dest="hub_action", metavar="ACTION", required=True)
     lst = actions.add_parser("list", help="stored models with their held-out figures, and hub modules")
-    lst.add_argument("--json", action="store_true", help="print JSON")
+    add_dataclass_args(lst, Output)
     set_handler(lst, run_list)
     build = actions.add_parser(
-        "build", help="run a model's recipe (ernie-tiny-zh, gpt-zh, ernie-tiny-sentiment, ernie-tiny-ner)",
+        "build", help=f"run a model's recipe ({', '.join(RECIPE_NAMES)})",
         description="Build a store model from corpora that ship in packages: ernie-tiny-zh (knowledge-masking "
                     "pretraining), gpt-zh (causal LM), ernie-tiny-sentiment / ernie-tiny-ner (fine-tuned from "
-                    "ernie-tiny-zh, which must exist). Seeded: the same settings give the same model.",
-        epilog="example:  sampan hub build ernie-tiny-sentiment --set steps=300 --set method=full")
-    build.add_argument("name", help="the model to build")
-    build.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="change a recipe setting (repeatable; see sampan/hub/recipes.py for the fields)")
-    build.add_argument("--out", default="", help="store directory (default: $SAMPAN_HOME/models)")
-    set_handler(build, run_build)
+                    "ernie-tiny-zh, which must exist). Seeded: the same settings give the same model. Each "
+                    "recipe's settings are flags: sampan hub build NAME --help.",
+        epilog="example:  sampan hub build ernie-tiny-sentiment --finetune.training.max_steps 300")
+    recipes = build.add_subparsers(dest="recipe", metavar="NAME", required=True)
+    for name in RECIPE_NAMES:
+        recipe = recipes.add_parser(name, help=f"build {name}",
+                                    description=f"Build {name} with its recipe (sampan/hub/recipes.py); every "
+                                                "setting is a flag, defaulting to what the shipped model was "
+                                                "built with.")
+        arguments_later(recipe, _build_arguments(name))
+        set_handler(recipe, run_build)
     evaluate = actions.add_parser(
         "evaluate", help="score a stored task model on its held-out test split again",
         description="Re-run a task model's test evaluation (sentiment accuracy, NER span P / R / F1) on the stored "
                     "weights, as its recipe does, e.g. after a change to how predictions are decoded.",
         epilog="example:  sampan hub evaluate ernie-tiny-ner --write")
-    evaluate.add_argument("name", help="a store model name or directory")
-    evaluate.add_argument("--max-examples", type=int, default=0, help="score only this many test examples (0 = all)")
-    evaluate.add_argument("--write", action="store_true",
-                          help="put the figures in the model's card.json and task.json (whole split only)")
+    add_dataclass_args(evaluate, EvaluateOptions, positional={"model_name": None}, metavars={"model_name": "NAME"})
     set_handler(evaluate, run_evaluate)

@@ -6,11 +6,14 @@ import argparse
 import json
 
 from sampan.commands import set_handler
+from sampan.utils.flags import add_dataclass_args
+from sampan.utils.output import Output
 
 
 def run(args: argparse.Namespace) -> int:
     from sampan.models import get_config, list_models
     from sampan.models.registry import FAMILIES
+    from sampan.utils.flags import dataclass_from_args
 
     rows = []
     for name in list_models():
@@ -21,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
                      "max_len": config.max_position_embeddings})
     families = [{"family": spec.family, "heads": list(spec.heads), "hf_model_types": list(spec.hf_model_types),
                  "summary": spec.summary} for spec in FAMILIES.values()]
-    if args.json:
+    if dataclass_from_args(Output, args).json:
         print(json.dumps({"models": rows, "families": families}, indent=2))
         return 0
     from rich.console import Console
@@ -49,5 +52,5 @@ def run(args: argparse.Namespace) -> int:
 def register(subparsers) -> None:
     models = subparsers.add_parser("models", help="list the model zoo's named configs with parameter counts",
                                    description="List registered model configs (closed-form parameter counts).")
-    models.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_dataclass_args(models, Output)
     set_handler(models, run)

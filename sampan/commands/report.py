@@ -3,23 +3,43 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 from sampan.commands import set_handler
+from sampan.utils.config import nested
+from sampan.utils.output import Output
+
+
+@dataclasses.dataclass
+class ReportOptions:
+    """Which run to report on, and where the plot goes.
+
+    Fields:
+        run_dir: a Trainer output directory (its metrics.jsonl).
+        out: the PNG to write (default: RUN_DIR/report.png).
+        output: how the summary is printed.
+    """
+
+    run_dir: str
+    out: str | None = None
+    output: Output = nested(Output, flatten=True)
 
 
 def run(args: argparse.Namespace) -> int:
     from sampan.trainer.report import plot_curves, summarize
+    from sampan.utils.flags import dataclass_from_args
 
-    summary = summarize(args.output_dir)
-    png = plot_curves(args.output_dir, args.out)
-    if args.json:
+    options = dataclass_from_args(ReportOptions, args)
+    summary = summarize(options.run_dir)
+    png = plot_curves(options.run_dir, options.out)
+    if options.output.json:
         print(json.dumps({"report": str(png), **summary}, indent=2))
         return 0
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"run summary: {args.output_dir}")
+    table = Table(title=f"run summary: {options.run_dir}")
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in summary.items():
@@ -39,9 +59,10 @@ def run(args: argparse.Namespace) -> int:
 def register(subparsers) -> None:
     report = subparsers.add_parser(
         "report", help="plot loss / lr curves of a run and print a summary",
-        description="Read OUTPUT_DIR/metrics.jsonl, write a PNG of the loss and learning-rate curves (default "
-                    "OUTPUT_DIR/report.png) and print a summary table.")
-    report.add_argument("output_dir", help="a Trainer output directory")
-    report.add_argument("--out", default=None, help="PNG path (default: OUTPUT_DIR/report.png)")
-    report.add_argument("--json", action="store_true", help="print the summary as JSON")
+        description="Read RUN_DIR/metrics.jsonl, write a PNG of the loss and learning-rate curves (default "
+                    "RUN_DIR/report.png) and print a summary table.")
+    from sampan.utils.flags import add_dataclass_args
+
+    add_dataclass_args(report, ReportOptions, positional={"run_dir": None}, metavars={"run_dir": "RUN_DIR",
+                                                                                        "out": "PNG"})
     set_handler(report, run)

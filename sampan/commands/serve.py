@@ -1,22 +1,47 @@
-"""``sampan serve``: Taskflow tasks and exported models over HTTP (flags and run in ``sampan.serving.command``)."""
+"""``sampan serve``: Taskflow tasks and exported models over HTTP; flags from ``sampan.serving.spec.ServeSpec``."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from sampan.commands import arguments_later, set_handler
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
-    from sampan.serving.command import add_arguments  # imports FastAPI (~1 s): only for this verb
+    from sampan.serving.spec import ServeSpec  # the serving package's config only: no FastAPI yet
+    from sampan.utils.flags import add_dataclass_args
 
-    add_arguments(parser)
+    add_dataclass_args(parser, ServeSpec, flags={"tasks": ("--task",), "model_dirs": ("--model-dir",),
+                                                 "task_options": ("--task-option",)},
+                       metavars={"tasks": "TASK", "model_dirs": "NAME=DIR", "task_options": "TASK.KEY=VALUE"})
 
 
 def run(args: argparse.Namespace) -> int:
-    from sampan.serving.command import run
+    """Load the models, bind, serve until interrupted."""
+    import uvicorn
 
-    return run(args)
+    from sampan.serving.spec import ServeSpec
+    from sampan.utils.flags import dataclass_from_args
+
+    spec = dataclass_from_args(ServeSpec, args)
+    spec.check()  # task names, options and model folders, before anything loads
+    limits = spec.limits
+    where = f"http://{limits.host}:{limits.port}"
+    common = dict(host=limits.host, port=limits.port, log_level=spec.log_level, access_log=False,
+                  timeout_graceful_shutdown=spec.grace_seconds())
+    models = list(spec.model_dir_map())
+    if spec.workers == 1:
+        app = spec.build_app()
+        print(f"sampan serve: tasks {spec.tasks} models {models} on device {spec.device} "
+              f"at {where} (page {where}/, schema {where}/openapi.json)", file=sys.stderr, flush=True)
+        uvicorn.run(app, **common)
+        return 0
+    spec.to_env()
+    print(f"sampan serve: {spec.workers} worker processes, each loading tasks {spec.tasks} models {models}, at "
+          f"{where}", file=sys.stderr, flush=True)
+    uvicorn.run("sampan.serving.spec:app_from_env", factory=True, workers=spec.workers, **common)
+    return 0
 
 
 def register(subparsers) -> None:

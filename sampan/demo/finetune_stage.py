@@ -16,56 +16,76 @@ import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
+
+from sampan.finetune.config import FinetuneConfig
+from sampan.utils.config import nested, refuse_changes, resolve_nested
 
 # Above this mean cosine between the encoder's outputs at different tokens, a pretrained ERNIE
 # gives (nearly) the same output whatever its input, and fine-tuning it stays at chance.
 COLLAPSED_COSINE = 0.95
 
 
+# The stage's fine-tune where it differs from `sampan finetune`'s defaults: full fine-tuning of the
+# stage-1 ERNIE on reviews, 150 steps at batch 16, dev scored three times, 600 dev / test reviews.
+FINETUNE_DEFAULTS = dict(task="sentiment_analysis", method="full", max_eval_examples=600,
+                         training={"max_steps": 150, "per_device_train_batch_size": 16, "learning_rate": 3e-4,
+                                   "eval_steps": 50, "overwrite_output_dir": True})
+
+
 @dataclasses.dataclass
 class FinetuneStageConfig:
-    """Fields: base (the pretrained model directory), out_dir, steps, batch_size, learning_rate,
-    eval_examples (dev and test reviews scored), seed, device (where to train and serve), and reference_base: a second base (the
-    shipped ernie-tiny-zh) fine-tuned the same way when ``base`` is collapsed; the better of the
-    two on dev goes through export and Taskflow."""
+    """The demo's sentiment stage: fine-tune the stage-1 ERNIE, export it, serve it through Taskflow.
 
-    base: str
-    out_dir: str
-    steps: int = 150
-    batch_size: int = 16
-    learning_rate: float = 3e-4
-    eval_examples: int = 600
-    seed: int = 0
-    reference_base: str | None = None
-    device: str = "auto"
+    Fields:
+        finetune: the fine-tune (``sampan finetune``); its base is the ERNIE stage's model and its
+            output ``<stage dir>/model``.
+        compare_with_shipped: when the stage-1 ERNIE is collapsed (it gives the same output whatever
+            its input), also fine-tune the shipped ernie-tiny-zh the same way and serve the better of
+            the two on dev.
+    """
+
+    finetune: FinetuneConfig = nested(FinetuneConfig, **FINETUNE_DEFAULTS)
+    compare_with_shipped: bool = True
+
+    # Set by the stage itself: the base is the ERNIE stage's model, the output under the stage's directory.
+    OWNED: ClassVar[dict[str, str]] = {"finetune.model": "the demo (the ERNIE stage's model)",
+                                       "finetune.training.output_dir": "the demo (<stage dir>/model)"}
+
+    def __post_init__(self) -> None:
+        resolve_nested(self)
+        refuse_changes(self)
 
 
-def _finetune(cfg: FinetuneStageConfig, base: str, out: Path, log: Callable[[str], None]):
-    from sampan.finetune import FinetuneConfig, finetune
+def _finetune(cfg: FinetuneConfig, base: str, out: Path, log: Callable[[str], None]):
+    from sampan.finetune import finetune
 
-    result = finetune(FinetuneConfig(
-        task="sentiment_analysis", model=base, method="full", max_steps=cfg.steps,
-        batch_size=cfg.batch_size, learning_rate=cfg.learning_rate, seed=cfg.seed, output_dir=str(out),
-        overwrite=True, max_eval_examples=cfg.eval_examples, eval_steps=max(cfg.steps // 3, 1), device=cfg.device))
-    log(f"finetune: held-out accuracy {result.metrics['accuracy']:.1%} on {cfg.eval_examples} test reviews "
-        f"(dev {result.dev_metrics['accuracy']:.1%}); trainable {result.trainable_parameters:,} of "
+    result = finetune(dataclasses.replace(cfg, model=base,
+                                          training=dataclasses.replace(cfg.training, output_dir=str(out))))
+    log(f"finetune: held-out accuracy {result.metrics['accuracy']:.1%} on {result.data_sizes['test']} test "
+        f"reviews (dev {result.dev_metrics['accuracy']:.1%}); trainable {result.trainable_parameters:,} of "
         f"{result.total_parameters:,} parameters ({result.train_seconds:.0f} s)")
     return result
 
 
-def run_finetune_stage(cfg: FinetuneStageConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Fine-tune, export, and run the Taskflow through the predictor; returns the figures."""
+def run_finetune_stage(cfg: FinetuneStageConfig, base: str, stage_dir: str | Path, collapsed: bool = False,
+                       log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Fine-tune ``base`` (under ``stage_dir``), export, and run the Taskflow through the predictor;
+    returns the figures. ``collapsed``: ``base`` gives the same output whatever its input."""
     from sampan.taskflow import Taskflow
 
-    out = Path(cfg.out_dir)
-    log(f"finetune: review sentiment (deduplicated, leak-free split) from {cfg.base}, {cfg.steps} steps")
-    result = own = _finetune(cfg, cfg.base, out / "model", log)
-    if cfg.reference_base is not None:
+    out = Path(stage_dir)
+    steps = cfg.finetune.training.max_steps
+    log(f"finetune: review sentiment (deduplicated, leak-free split) from {base}, {steps} steps")
+    result = own = _finetune(cfg.finetune, base, out / "model", log)
+    if collapsed and cfg.compare_with_shipped:
+        from sampan.store.models import resolve
+
+        reference_base = str(resolve("ernie-tiny-zh"))
         log(f"finetune: that ERNIE is collapsed, so no fine-tuning gets past chance from it; for comparison, "
-            f"the same fine-tuning from the stored ernie-tiny-zh ({cfg.reference_base}: the same "
+            f"the same fine-tuning from the stored ernie-tiny-zh ({reference_base}: the same "
             "knowledge-masking recipe run at full length; its card.json says how long)")
-        reference = _finetune(cfg, cfg.reference_base, out / "model-from-shipped-base", log)
+        reference = _finetune(cfg.finetune, reference_base, out / "model-from-shipped-base", log)
         if reference.dev_metrics["accuracy"] > own.dev_metrics["accuracy"]:
             result = reference
             log("finetune: exporting and serving the model fine-tuned from the shipped base (better on dev)")

@@ -5,8 +5,8 @@ LoRA on any sampan model with peft-format adapters (``apply_lora``, ``save_peft_
 
     from sampan.finetune import FinetuneConfig, finetune, load_task_model
 
-    result = finetune(FinetuneConfig(task="sentiment_analysis", model="outputs/pretrain/model",
-                                     method="lora", learning_rate=2e-3, output_dir="outputs/sentiment"))
+    result = finetune(FinetuneConfig(task="sentiment_analysis", model="outputs/pretrain/model", method="lora",
+                                     training={"learning_rate": 2e-3, "output_dir": "outputs/sentiment"}))
     print(result.metrics)                      # {"accuracy": ..., "loss": ..., "examples": ...}
     model, tokenizer, meta = load_task_model("outputs/sentiment")
 

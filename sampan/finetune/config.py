@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
+
+from sampan.trainer.arguments import TrainingArguments
+from sampan.utils.config import nested, resolve_nested
 
 TASKS = ("sentiment_analysis", "ner")
 METHODS = ("full", "lora", "adapter")
@@ -12,6 +15,14 @@ SAVE_MODES = ("merged", "adapter")
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "out_proj")
 # The task models' word-embedding table: what embedding_lora_rank updates and recipes freeze.
 WORD_EMBEDDINGS = "ernie.embeddings.word_embeddings"
+
+
+# The Trainer side of a fine-tune, where it differs from TrainingArguments' defaults: three epochs at
+# batch 32 with 10% warmup, length-grouped batches (about half of a random batch of reviews is
+# padding), seed 0; the Trainer checkpoints only at the end (the best dev evaluation is what is kept).
+TRAINING_DEFAULTS = dict(output_dir="outputs/finetune", per_device_train_batch_size=32, learning_rate=5e-5,
+                         num_train_epochs=3.0, warmup_ratio=0.1, weight_decay=0.01, group_by_length=True, seed=0,
+                         save_steps=0)
 
 
 def _names(value: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
@@ -73,33 +84,32 @@ class FinetuneConfig:
             fine-tune at a fraction of a full model's size.
         max_length: longest input in tokens, [CLS] and [SEP] included; longer reviews are cut,
             longer ner sentences are split into windows.
-        batch_size: examples per optimizer step.
-        learning_rate: peak learning rate (linear warmup, then linear decay to 0). LoRA and
-            adapters usually want 5-30x the full fine-tuning rate.
-        epochs: passes over the training set (used when ``max_steps`` is -1).
-        max_steps: optimizer steps; -1 derives them from ``epochs``.
-        warmup: fraction of the optimizer steps spent in linear warmup, in [0, 1).
-        weight_decay: AdamW decoupled weight decay (never on biases and norms).
-        eval_steps: steps between dev evaluations (the best dev checkpoint is kept); 0 evaluates
-            on dev only at the end.
-        group_by_length: batch examples of similar length together (``TrainingArguments.
-            group_by_length``). Review and sentence lengths vary so much that about half of a
-            random batch is padding; grouped batches train about twice as fast per example.
-        seed: model-head init, data order, dropout and the dev split.
         dev_fraction: share of the training documents held out as the dev split (by a seeded
             hash of the document id, so a document never straddles train and dev).
-        output_dir: where the fine-tuned model, ``task.json`` and the training run go.
-        overwrite: replace an existing ``output_dir``; otherwise a non-empty one is an error.
         max_train_examples: use at most this many training examples (seeded sample); None = all.
         max_eval_examples: evaluate on at most this many dev and test examples each; None = all.
         save: "merged" writes full weights (LoRA merged into the base weights); "adapter" writes
             only the trained weights (LoRA / adapter / head) plus a pointer to the base directory.
         tokenizer_vocab_size: vocabulary of the tokenizer trained when ``model`` is a config name.
-        logging_steps: steps between progress / metrics lines.
-        device: where to train: "auto" (a CUDA GPU when there is one, else the CPU), "cpu", "cuda"
-            or "cuda:N".
-        compile: ``torch.compile`` each transformer block (pays a compile time up front).
+        training: the Trainer's side (``TrainingArguments``). ``output_dir`` is where the fine-tuned
+            model, ``task.json`` and the training run (``output_dir/training``) go, and
+            ``overwrite_output_dir`` replaces an existing one (otherwise a non-empty one is an
+            error). ``max_steps`` -1 derives the steps from ``num_train_epochs``; warmup is
+            ``warmup_steps`` or ``warmup_ratio`` of the steps; ``eval_steps`` is how often dev is
+            scored (the best dev evaluation is kept; 0: at the end only); ``seed`` also seeds the
+            task head, the data order and the dev split. A fine-tune keeps no checkpoints to
+            resume from and runs in one process, so ``resume_from_checkpoint``, ``save_steps`` and
+            ``strategy`` are left at their defaults.
     """
+
+    # Keys of the flat form this config had before it nested TrainingArguments.
+    RENAMED: ClassVar[dict[str, str]] = {
+        "batch_size": "training.per_device_train_batch_size", "learning_rate": "training.learning_rate",
+        "epochs": "training.num_train_epochs", "max_steps": "training.max_steps", "steps": "training.max_steps",
+        "warmup": "training.warmup_ratio", "weight_decay": "training.weight_decay",
+        "eval_steps": "training.eval_steps", "group_by_length": "training.group_by_length", "seed": "training.seed",
+        "output_dir": "training.output_dir", "overwrite": "training.overwrite_output_dir",
+        "logging_steps": "training.logging_steps", "device": "training.device", "compile": "training.compile"}
 
     task: str = "sentiment_analysis"
     model: str = "ernie-tiny"
@@ -119,34 +129,19 @@ class FinetuneConfig:
     dropout: float | None = None
     freeze: tuple[str, ...] = ()
     max_length: int = 128
-    batch_size: int = 32
-    learning_rate: float = 5e-5
-    epochs: float = 3.0
-    max_steps: int = -1
-    warmup: float = 0.1
-    weight_decay: float = 0.01
-    eval_steps: int = 0
-    group_by_length: bool = True
-    seed: int = 0
     dev_fraction: float = 0.1
-    output_dir: str = "outputs/finetune"
-    overwrite: bool = False
     max_train_examples: int | None = None
     max_eval_examples: int | None = None
     save: str = "merged"
     tokenizer_vocab_size: int = 8000
-    logging_steps: int = 10
-    device: str = "auto"
-    compile: bool = False
+    training: TrainingArguments = nested(TrainingArguments, **TRAINING_DEFAULTS)
 
     def __post_init__(self) -> None:
         def need(ok: bool, field: str, rule: str) -> None:
             if not ok:
                 raise ValueError(f"FinetuneConfig.{field} {rule}, got {getattr(self, field)!r}")
 
-        from sampan.utils.device import check_device_spec
-
-        self.device = check_device_spec(self.device)
+        resolve_nested(self)
         self.lora_targets, self.freeze = _names(self.lora_targets), _names(self.freeze)
         self.augment_types = _names(self.augment_types)
         need(self.task in TASKS, "task", f"must be one of {list(TASKS)}")
@@ -154,17 +149,11 @@ class FinetuneConfig:
         need(self.save in SAVE_MODES, "save", f"must be one of {list(SAVE_MODES)}")
         need(isinstance(self.model, str) and bool(self.model), "model", "must be a model directory, stored model name or config name")
         need(isinstance(self.data, str) and bool(self.data), "data", "must be 'builtin' or a path")
-        need(bool(self.output_dir), "output_dir", "must be a non-empty path")
-        for name in ("lora_rank", "adapter_size", "batch_size", "logging_steps", "tokenizer_vocab_size"):
+        for name in ("lora_rank", "adapter_size", "tokenizer_vocab_size"):
             value = getattr(self, name)
             need(isinstance(value, int) and not isinstance(value, bool) and value > 0, name, "must be an integer > 0")
         need(isinstance(self.max_length, int) and self.max_length >= 3, "max_length",
              "must be an integer >= 3 ([CLS], one token, [SEP])")
-        need(isinstance(self.eval_steps, int) and self.eval_steps >= 0, "eval_steps", "must be an integer >= 0")
-        need(isinstance(self.max_steps, int) and (self.max_steps == -1 or self.max_steps > 0), "max_steps",
-             "must be > 0, or -1 to use epochs")
-        need(self.epochs > 0, "epochs", "must be > 0")
-        need(self.learning_rate > 0, "learning_rate", "must be > 0")
         need(self.lora_alpha > 0, "lora_alpha", "must be > 0")
         need(isinstance(self.embedding_lora_rank, int) and not isinstance(self.embedding_lora_rank, bool)
              and self.embedding_lora_rank >= 0, "embedding_lora_rank", "must be an integer >= 0 (0: none)")
@@ -183,8 +172,6 @@ class FinetuneConfig:
             raise ValueError(f"FinetuneConfig.embedding_lora_rank={self.embedding_lora_rank} adds an update to a table "
                              f"that trains whole under method='full': add {WORD_EMBEDDINGS!r} to freeze, or set it to 0")
         need(0.0 <= self.lora_dropout < 1.0, "lora_dropout", "must be in [0, 1)")
-        need(0.0 <= self.warmup < 1.0, "warmup", "must be a fraction of the steps in [0, 1)")
-        need(self.weight_decay >= 0, "weight_decay", "must be >= 0")
         need(0.0 < self.dev_fraction < 0.5, "dev_fraction", "must be in (0, 0.5)")
         for name in ("max_train_examples", "max_eval_examples"):
             value = getattr(self, name)
@@ -194,6 +181,13 @@ class FinetuneConfig:
             raise ValueError("FinetuneConfig.save='adapter' keeps only the weights that trained, but method='full' "
                              "with nothing in freeze trains every weight: use save='merged', method='lora' / "
                              "'adapter', or freeze some weights (e.g. freeze=('ernie.embeddings.word_embeddings',))")
+        unsupported = {"resume_from_checkpoint": "a fine-tune keeps no checkpoints to resume from yet: rerun it",
+                       "strategy": "fine-tuning runs in one process (no hybrid-parallel strategy yet)",
+                       "save_steps": "a fine-tune keeps its best dev evaluation, not periodic checkpoints"}
+        defaults = TrainingArguments(**TRAINING_DEFAULTS)
+        for name, why in unsupported.items():
+            if getattr(self.training, name) != getattr(defaults, name):
+                raise ValueError(f"FinetuneConfig.training.{name} is not used by a fine-tune ({why}); leave it unset")
 
     def config_overrides(self) -> dict[str, Any]:
         """The base-config fields this fine-tune changes (``build_task_model``'s ``overrides``)."""
@@ -205,8 +199,6 @@ class FinetuneConfig:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["lora_targets"] = list(self.lora_targets)
-        data["freeze"] = list(self.freeze)
-        data["augment_types"] = list(self.augment_types)
-        return data
+        from sampan.utils.config import to_dict
+
+        return to_dict(self)

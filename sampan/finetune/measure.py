@@ -57,10 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     for task in args.tasks.split(","):
         for spec in args.runs.split(","):
             method, _, lr = spec.partition(":")
-            cfg = FinetuneConfig(task=task, model=args.model, method=method, learning_rate=float(lr),
-                                 max_steps=args.steps, batch_size=args.batch_size, max_length=args.max_length,
-                                 eval_steps=args.eval_steps, max_eval_examples=args.max_eval_examples or None, seed=args.seed,
-                                 output_dir=str(out / f"{task}-{method}-{lr}"), overwrite=True, logging_steps=25)
+            cfg = FinetuneConfig(task=task, model=args.model, method=method, max_length=args.max_length,
+                                 max_eval_examples=args.max_eval_examples or None,
+                                 training={"learning_rate": float(lr), "max_steps": args.steps,
+                                           "per_device_train_batch_size": args.batch_size,
+                                           "eval_steps": args.eval_steps, "seed": args.seed,
+                                           "output_dir": str(out / f"{task}-{method}-{lr}"),
+                                           "overwrite_output_dir": True, "logging_steps": 25})
             start = time.perf_counter()
             r = finetune(cfg)
             row = {"task": task, "method": method, "learning_rate": float(lr), "steps": args.steps,

@@ -24,7 +24,7 @@ from sampan.finetune.evaluate import (
     score,
 )
 from sampan.finetune.task_model import apply_method, save_task_model, trainable_state
-from sampan.trainer import Trainer, TrainerCallback, TrainingArguments
+from sampan.trainer import Trainer, TrainerCallback
 from sampan.utils.device import resolve_device
 
 TRAINING_DIR = "training"  # the Trainer's run (metrics.jsonl, TensorBoard) inside output_dir
@@ -95,14 +95,14 @@ class DevSelection(TrainerCallback):
 def _prepare_output_dir(path: Path, overwrite: bool) -> None:
     if path.exists() and any(path.iterdir()):
         if not overwrite:
-            raise ValueError(f"output directory {path} is not empty; pass overwrite=True (--overwrite) to replace it "
-                             "or choose another output_dir")
+            raise ValueError(f"output directory {path} is not empty; set training.overwrite_output_dir (--overwrite) "
+                             "to replace it, or choose another training.output_dir (--output-dir)")
         shutil.rmtree(path)
     path.mkdir(parents=True, exist_ok=True)
 
 
 def finetune(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = None) -> FinetuneResult:
-    """Fine-tune ``cfg.model`` on ``cfg.task`` and write the model to ``cfg.output_dir``.
+    """Fine-tune ``cfg.model`` on ``cfg.task`` and write the model to ``cfg.training.output_dir``.
 
     Training runs through ``sampan.trainer.Trainer`` (progress, ``training/metrics.jsonl``,
     TensorBoard under ``training/``); the dev split picks the best evaluation, whose weights are
@@ -111,15 +111,16 @@ def finetune(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = None
     """
     if not isinstance(cfg, FinetuneConfig):
         raise TypeError("finetune() takes a sampan.finetune.FinetuneConfig")
-    resolve_device(cfg.device)  # a GPU that is not there fails now, not after the data is loaded
-    out = Path(cfg.output_dir)
-    _prepare_output_dir(out, cfg.overwrite)
-    data = load_task_data(cfg.task, cfg.data, cfg.max_length, cfg.dev_fraction, cfg.seed,
+    training = cfg.training
+    resolve_device(training.device)  # a GPU that is not there fails now, not after the data is loaded
+    out = Path(training.output_dir)
+    _prepare_output_dir(out, training.overwrite_output_dir)
+    data = load_task_data(cfg.task, cfg.data, cfg.max_length, cfg.dev_fraction, training.seed,
                           cfg.max_train_examples, cfg.max_eval_examples)
     base = load_base(cfg.model, [ex.text for ex in data.train], cfg.tokenizer_vocab_size)
     originals = len(data.train)  # the tag-bigram prior is counted on these, not on augmented copies
     if cfg.augment_mentions:  # after load_base: a tokenizer trained here sees the real sentences only
-        extra = augment_ner(data.train, cfg.augment_mentions, cfg.max_length - 2, cfg.seed,
+        extra = augment_ner(data.train, cfg.augment_mentions, cfg.max_length - 2, training.seed,
                             [ex.text for ex in data.dev + data.test], cfg.augment_types)
         print(f"mention replacement: {len(extra):,} augmented training sentences beside {len(data.train):,}")
         data.train.extend(extra)
@@ -127,14 +128,14 @@ def finetune(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = None
         raise ValueError("save='adapter' needs a base model directory (the adapter points at it); "
                          f"{cfg.model!r} is a config name with random weights: use save='merged'")
     overrides = cfg.config_overrides()
-    model, report = build_task_model(base, cfg.task, len(data.labels), cfg.seed, cfg.max_length, overrides)
+    model, report = build_task_model(base, cfg.task, len(data.labels), training.seed, cfg.max_length, overrides)
     print(f"base {cfg.model}: {report}")
     method_args = {"lora_rank": cfg.lora_rank, "lora_alpha": cfg.lora_alpha, "lora_dropout": cfg.lora_dropout,
                    "lora_targets": list(cfg.lora_targets)} if cfg.method == "lora" else (
         {"adapter_size": cfg.adapter_size} if cfg.method == "adapter" else {})
     if cfg.embedding_lora_rank:
         method_args.update(embedding_lora_rank=cfg.embedding_lora_rank, embedding_lora_alpha=cfg.embedding_lora_alpha)
-    torch.manual_seed(cfg.seed)  # LoRA / adapter init
+    torch.manual_seed(training.seed)  # LoRA / adapter init
     apply_method(model, cfg.method, method_args, report.initialised, cfg.freeze)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
@@ -142,21 +143,21 @@ def finetune(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = None
     encode = {name: encode_examples(base.tokenizer, getattr(data, name), cfg.task, data.labels, cfg.max_length)
               for name in ("train", "dev", "test")}
     collator = PadCollator(base.features, base.feature_names)
-    if len(encode["train"]) < cfg.batch_size:
-        raise ValueError(f"only {len(encode['train'])} training examples, fewer than one batch of {cfg.batch_size}; "
-                         "lower batch_size or give more data")
-    steps = cfg.max_steps if cfg.max_steps > 0 else max(1, math.ceil(cfg.epochs * (len(encode["train"]) // cfg.batch_size)))
-    args = TrainingArguments(
-        output_dir=str(out / TRAINING_DIR), max_steps=steps, per_device_train_batch_size=cfg.batch_size,
-        per_device_eval_batch_size=cfg.batch_size, learning_rate=cfg.learning_rate, lr_scheduler="linear",
-        warmup_steps=int(cfg.warmup * steps), weight_decay=cfg.weight_decay, seed=cfg.seed,
-        logging_steps=min(cfg.logging_steps, steps), eval_steps=0, save_steps=0, overwrite_output_dir=True,
-        peak_flops=0, max_grad_norm=1.0, group_by_length=cfg.group_by_length, device=cfg.device,
-        compile=cfg.compile)
+    batch = training.per_device_train_batch_size
+    if len(encode["train"]) < batch:
+        raise ValueError(f"only {len(encode['train'])} training examples, fewer than one batch of {batch}; "
+                         "lower training.per_device_train_batch_size (--batch-size) or give more data")
+    steps = (training.max_steps if training.max_steps > 0
+             else max(1, math.ceil(training.num_train_epochs * (len(encode["train"]) // batch))))
+    # The Trainer's run lives under the model directory; dev selection (below) evaluates, not the Trainer.
+    args = dataclasses.replace(
+        training, output_dir=str(out / TRAINING_DIR), max_steps=steps, per_device_eval_batch_size=batch,
+        warmup_steps=training.warmup_for(steps), warmup_ratio=0.0, logging_steps=min(training.logging_steps, steps),
+        eval_steps=0, overwrite_output_dir=True)
     metric = SELECTION_METRIC[cfg.task]
     selection = DevSelection(
         lambda: evaluate_examples(model, cfg.task, data.dev, encode["dev"], data.labels, collator),
-        metric, cfg.eval_steps)
+        metric, training.eval_steps)
     trainer = Trainer(model, args, EncodedDataset(encode["train"]), data_collator=collator,
                       callbacks=[selection, *(callbacks or [])])
     selection.trainer = trainer
@@ -183,9 +184,9 @@ def finetune(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = None
     meta = {
         "task": cfg.task, "labels": data.labels, "max_length": cfg.max_length, "base_model": cfg.model,
         "method": cfg.method, "method_args": method_args, "freeze": list(cfg.freeze), "metrics": test, "dev_metrics": dev_metrics,
-        "trainable_parameters": trainable, "total_parameters": total, "seed": cfg.seed,
+        "trainable_parameters": trainable, "total_parameters": total, "seed": training.seed,
         "features": list(base.feature_names), "data": cfg.data, "data_sizes": data.sizes(),
-        "steps": steps, "learning_rate": cfg.learning_rate, "batch_size": cfg.batch_size,
+        "steps": steps, "learning_rate": training.learning_rate, "batch_size": batch,
         "augment_mentions": cfg.augment_mentions, "augment_types": list(cfg.augment_types),
         "config_overrides": overrides,
     }

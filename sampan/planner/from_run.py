@@ -16,8 +16,9 @@ Measured apart: the step time and the data wait. The Trainer does not time compu
 communication and the pipeline bubble apart (they interleave inside ``forward_backward``), so
 the rest of the step is split in the proportions the planner predicts for the same layout, and
 the output says so. On a CPU run (no ``--hardware`` / ``--gpu-*`` given) the "hardware" is this
-machine: the matmul rate the Trainer measured for its MFU (or ``peak_flops``), one node, gloo
-over loopback at an assumed bandwidth, collectives on the critical path (CPU ranks don't overlap).
+machine: matmuls at the run's ``peak_flops`` if it set one, else at a GEMM rate measured now (the
+processor's peak its MFU was priced against is a ceiling, reported beside it), one node, gloo over
+loopback at an assumed bandwidth, collectives on the critical path (CPU ranks don't overlap).
 """
 
 from __future__ import annotations
@@ -28,12 +29,15 @@ import math
 import os
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sampan.planner.hardware import Hardware, get_hardware
 from sampan.planner.layout import Layout, Workload
 from sampan.planner.model_shape import ModelShape
 from sampan.planner.search import Plan, evaluate
+
+if TYPE_CHECKING:
+    from sampan.planner.job import GpuChoice
 
 CPU_LINK_GBYTES_PER_S = 1.0
 """Assumed one-way gloo bandwidth between ranks of one machine (loopback TCP); not measured."""
@@ -43,6 +47,10 @@ CPU_LINK_LATENCY_US = 100.0
 COMPONENTS = (("compute", "compute"), ("tensor_parallel", "tensor-parallel comm"), ("bubble", "pipeline bubble"),
               ("pipeline_p2p", "pipeline p2p"), ("data_parallel", "data-parallel / sharding comm"),
               ("optimizer", "optimizer step"))
+
+
+# Where a CPU run's peak came from when it set no ``peak_flops``: its MFU's denominator.
+PROCESSOR_PEAK = "the processor peak the Trainer priced its MFU against"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +69,7 @@ class RunRecord:
     layout: Layout
     workload: Workload
     peak_flops_per_rank: float | None
-    """The matmul rate the Trainer priced MFU against, per rank (None when it did not)."""
+    """The peak FLOP/s the Trainer priced MFU against, per rank (None when it did not)."""
     peak_source: str
 
 
@@ -144,10 +152,10 @@ def read_run(output_dir: str | os.PathLike, model: ModelShape, seq_len: int | No
     peak, source = None, "not recorded"
     if isinstance(args.get("peak_flops"), (int, float)) and args["peak_flops"] > 0:
         peak, source = float(args["peak_flops"]), "the run's peak_flops"
-    elif mfu:  # the Trainer priced MFU against a measured matmul rate times the world size: recover it
+    elif mfu:  # the Trainer priced MFU against the processor's peak times the world size: recover it
         peak = statistics.median(w["tokens_per_sec"] * model.flops_per_token(seq_len) / w["mfu"]
                                  for w in windows if w.get("mfu")) / world
-        source = "the matmul rate the Trainer measured for its MFU"
+        source = PROCESSOR_PEAK
     return RunRecord(str(out), int(saved.get("state", {}).get("global_step", windows[-1]["step"])), len(windows),
                      step_s, wait_s, tokens_s, mfu, world, layout, work, peak, source)
 
@@ -158,14 +166,18 @@ def cpu_hardware(run: RunRecord, overrides: dict[str, float | None]) -> tuple[Ha
     tflops = overrides.get("tflops")
     if tflops is None:
         peak = run.peak_flops_per_rank
-        if peak is None:
-            # Imports torch: only when the run kept no rate of its own.
+        if peak is None or run.peak_source == PROCESSOR_PEAK:
+            # The processor's peak is a ceiling no CPU matmul reaches (vector units flat out at the
+            # turbo clock), so compute is priced at the rate a GEMM reaches here now. Imports torch.
             import torch
 
             from sampan.utils.hardware import measure_gemm_flops
 
+            ceiling = peak
             peak = measure_gemm_flops(torch.bfloat16 if run.workload.amp else torch.float32)
-            notes.append(f"matmul rate {peak / 1e9:.1f} GFLOP/s measured now on this machine (the run recorded none)")
+            why = ("the run recorded none" if ceiling is None else
+                   f"the processor's peak, {ceiling / 1e9:.1f} GFLOP/s per rank, is a ceiling, not a rate")
+            notes.append(f"matmul rate {peak / 1e9:.1f} GFLOP/s measured now on this machine ({why})")
         else:
             notes.append(f"matmul rate {peak / 1e9:.1f} GFLOP/s per rank: {run.peak_source}")
         cores = os.cpu_count() or 1
@@ -260,3 +272,26 @@ def hardware_for_run(run: RunRecord, preset: str | None, overrides: dict[str, fl
         return hw, [f"hardware {hw.name}: {hw.tflops:g} TFLOP/s, as given"], True
     hw, notes = cpu_hardware(run, overrides)
     return hw, notes, False
+
+
+def report_for_run(output_dir: str | os.PathLike, model: str | None, model_shape: str | None,
+                   seq_len: int | None, gpus: GpuChoice) -> tuple[dict[str, Any], list[str]]:
+    """``sampan plan --from-run``: a finished run's measured step next to the prediction for its
+    layout, and the assumptions made (``(report, notes)``). The model is the run's
+    ``model/config.json`` unless ``model`` (a name or config file) or ``model_shape`` names it."""
+    from sampan.planner.model_shape import load_model
+
+    out = Path(output_dir)
+    if model is None and model_shape is None:
+        config = out / "model" / "config.json"
+        if not config.is_file():
+            raise ValueError(f"{out} has no model/config.json (save_pretrained); give the run's model with --model "
+                             "NAME_OR_CONFIG or --model-shape")
+        shape = dataclasses.replace(load_model(str(config)), name=f"{out.name} (model/config.json)")
+    else:
+        shape = load_model(model, model_shape)
+    record = read_run(out, shape, seq_len)
+    hw, notes, overlap = hardware_for_run(record, gpus.hardware, gpus.overrides())
+    report = compare(record, shape, hw, overlap)
+    report["assumptions"] = notes
+    return report, notes

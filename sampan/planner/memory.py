@@ -291,7 +291,7 @@ def memory(model: ModelShape, layout: Layout, work: Workload) -> Memory:
     """The fullest stage's :class:`Memory` (checks the first and the last stage)."""
     best = None
     for stage in sorted({0, layout.pp - 1}):
-        mem = _stage_memory(model, layout, work, stage)
+        mem = stage_memory(model, layout, work, stage)
         if best is None or mem.total > best.total:
             best = mem
     return best
@@ -386,7 +386,9 @@ def loss_transient_bytes(model: ModelShape, layout: Layout, work: Workload) -> f
     return logits if work.amp else 0.0
 
 
-def _stage_memory(model: ModelShape, layout: Layout, work: Workload, stage: int) -> Memory:
+def stage_memory(model: ModelShape, layout: Layout, work: Workload, stage: int) -> Memory:
+    """What one GPU of pipeline stage ``stage`` holds at its step's peak (``memory`` takes the
+    worst stage); ``sampan simulate`` compares it with fleet's own code on fake tensors."""
     n = stage_params(model, layout, stage)
     shard = layout.shard_ranks
     p_bytes, g_bytes, o_bytes = state_bytes(layout)

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from sampan.utils.config_files import load_config_file
 
 NORMS = ("layernorm", "rmsnorm")
 
@@ -273,23 +274,10 @@ def parse_shape(text: str) -> ModelShape:
 
 
 def _read_file(path: Path) -> dict[str, Any]:
-    suffix = path.suffix.lower()
-    if suffix == ".json":
-        data = json.loads(path.read_text(encoding="utf-8"))
-    elif suffix == ".toml":  # read here: sampan.trainer (which also reads TOML) imports torch
-        try:
-            import tomllib
-        except ModuleNotFoundError:  # Python 3.10
-            import tomli as tomllib
-
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    else:
-        from sampan.trainer.arguments import load_config_file
-
-        data = load_config_file(path)
-    if not isinstance(data, dict):
-        raise ValueError(f"config {path} must hold a JSON object / table, got {type(data).__name__}")
-    if suffix != ".json":
+    """A config file: a Hugging Face or sampan ``config.json``, or a run file (TOML / YAML) whose
+    ``[model]`` table names the model."""
+    data = load_config_file(path)
+    if path.suffix.lower() != ".json":
         data = data.get("model", data)  # a run file's [model] table works too
     return dict(data)
 

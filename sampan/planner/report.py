@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,7 @@ from sampan.planner.hardware import Hardware
 from sampan.planner.layout import Workload
 from sampan.planner.model_shape import ModelShape
 from sampan.planner.search import Plan, SearchResult
+from sampan.planner.simulation import COMPONENTS, GB
 from sampan.utils.atomic import atomic_write
 
 
@@ -200,3 +202,52 @@ def run_file_text(model: ModelShape, work: Workload, plan: Plan) -> str:
 def write_run_file(path: str | Path, text: str) -> Path:
     """Atomically write ``text`` (temp file + fsync + rename)."""
     return atomic_write(path, text)
+
+
+def _sim_gb(n: float | None, unit: float = GB) -> str:
+    return "-" if n is None or (isinstance(n, float) and math.isnan(n)) else f"{n / unit:,.2f}"
+
+
+def print_simulation(report: dict[str, Any]) -> None:
+    """``sampan simulate``'s tables: per simulated rank, simulated vs planned bytes per component, what
+    held the peak, the collectives; then the worst rank's verdict."""
+    lay = report["layout"]
+    sched = "-" if lay["pp"] == 1 else (f"interleaved v{lay['vpp']}" if lay["vpp"] > 1 else lay["schedule"])
+    print(f"sampan simulate: {report['model']} ({report['parameters'] / 1e9:.1f}B) on {report['gpus']:,} ranks · "
+          f"{report['label']} · {sched} · micro-batch {lay['micro_batch']} x {lay['num_micro']} · recompute "
+          f"{lay['recompute']} · {report['amp'] or 'fp32'} · seq {report['seq_len']} · global batch "
+          f"{report['global_batch']}")
+    print(f"  {report['method']}")
+    if report["model_overrides"]:
+        print(f"  model changed as sampan plan --write-strategy does: {report['model_overrides']}")
+    small = max(r["simulated_bytes"]["total"] for r in report["ranks"]) < GB
+    unit, name = (1e6, "MB") if small else (GB, "GB")
+    for row in report["ranks"]:
+        c = row["coords"]
+        print(f"\nrank {row['rank']} (pp {c['pp']}, dp {c['dp']}, sharding {c['sharding']}, cp {c['cp']}, mp {c['mp']}; "
+              f"stages {row['stages']}): {row['num_micro_run']} micro-batches run, {row['seconds']:.0f} s")
+        print(f"  {'component':<24} {'simulated ' + name:>13} {'planned ' + name:>11} {'sim/plan':>9}")
+        for key, label in COMPONENTS:
+            r = row["ratio"][key]
+            print(f"  {label:<24} {_sim_gb(row['simulated_bytes'][key], unit):>13} {_sim_gb(row['planned_bytes'][key], unit):>11} "
+                  f"{'-' if r is None else f'{r:.3f}':>9}")
+        plan = row["planned_bytes"]
+        print(f"  (planned activations {_sim_gb(plan['activations'], unit)} + buffers {_sim_gb(plan['buffers'], unit)} {name}; "
+              f"the planner's {_sim_gb(plan['reserved'])} GB reserve is not simulated)")
+        if row["peak_breakdown"]:
+            print(f"  largest at the peak (op, dtype, shape: count x, {name}):")
+            for group in row["peak_breakdown"][:6]:
+                shape = "x".join(map(str, group["shape"])) or "scalar"
+                print(f"    {group['op']:<28} {group['dtype']:<9} {shape:<22} {group['count']:>5} x  "
+                      f"{_sim_gb(group['bytes'], unit):>9}")
+        comm = row["collectives"]
+        if comm:
+            parts = [f"{kind} {v['calls']} x, {_sim_gb(v['payload_bytes'], unit)} {name} payload, "
+                     f"{_sim_gb(v['wire_bytes'], unit)} {name} wire" for kind, v in comm.items()]
+            print("  collectives: " + "; ".join(parts))
+        for note in row["notes"]:
+            print(f"  note: {note}")
+    verdict = "fits" if report["fits"] else "does NOT fit"
+    print(f"\nworst: rank {report['worst_rank']} needs {_sim_gb(report['worst_needs_bytes'])} GB (simulated peak + the "
+          f"planner's {_sim_gb(report['reserve_bytes'])} GB reserve): {verdict} in {report['gpu_memory_bytes'] / GB:g} GB; "
+          f"simulated in {report['wall_seconds']:.0f} s")

@@ -189,3 +189,22 @@ def _no_layout_reason(model: ModelShape, gpus: int, work: Workload, hw: Hardware
     return (f"no valid layout of {model.name} on {gpus} GPUs: the global batch {work.global_batch} must be divisible "
             f"by the data-parallel ranks gpus / (mp x pp) for some mp in {mps} (dividing {heads}) and "
             f"pp dividing the {model.layers} layers; try a global batch that is a multiple of {gpus}")
+
+
+def check_fixed_layout(model: ModelShape, layout: Layout, work: Workload) -> None:
+    """What sampan would refuse for one given layout (``--fix``), said before pricing it."""
+    problems = []
+    mp = mp_problem(model, layout.mp)
+    if mp is not None:
+        problems.append(mp)
+    if model.layers < layout.pp * layout.vpp:
+        problems.append(f"pp x vpp = {layout.pp * layout.vpp} exceeds the {model.layers} layers")
+    if layout.pp > 1 and layout.num_micro < layout.pp:
+        problems.append(f"{layout.num_micro} micro-batches are fewer than pp {layout.pp} stages")
+    if layout.cp > 1 and work.seq_len % (2 * layout.cp):
+        problems.append(f"cp {layout.cp} cuts each sequence into {2 * layout.cp} equal chunks, but seq-len "
+                        f"{work.seq_len} is not a multiple of {2 * layout.cp}")
+    if layout.amp_level == "O2" and not work.amp:
+        problems.append("amp=O2 (bf16 parameters) needs bf16: drop --fp32")
+    if problems:
+        raise ValueError("--fix layout is not valid: " + "; ".join(problems))

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
+
+# Run files are read by utils' one config reader; imported from here too, where it was first defined.
+from sampan.utils.config_files import load_config_file  # noqa: F401
 
 LR_SCHEDULERS = ("linear", "cosine", "constant", "wsd")
 AMP_MODES = (None, "auto", "bf16", "fp16")
@@ -28,6 +31,8 @@ class TrainingArguments:
         lr_scheduler: "linear" (warmup then linear decay to ``min_lr_ratio``), "cosine", "constant"
             (after warmup), or "wsd" (warmup-stable-decay; the last ``wsd_decay_ratio`` of steps decay).
         warmup_steps: linear warmup from 0 to ``learning_rate``.
+        warmup_ratio: warmup as a fraction of the run's steps, used when ``warmup_steps`` is 0
+            (Hugging Face's rule), in [0, 1).
         min_lr_ratio: the final learning rate as a fraction of ``learning_rate``.
         wsd_decay_ratio: fraction of ``max_steps`` spent decaying in the "wsd" schedule.
         weight_decay: AdamW decoupled weight decay (biases and norm weights are never decayed).
@@ -66,9 +71,10 @@ class TrainingArguments:
         deterministic: ``torch.use_deterministic_algorithms(True)`` for bit-exact reruns.
         peak_flops: one device's peak FLOP/s for MFU (the Trainer multiplies it by the world size).
             None: the datasheet dense peak of the GPU for the AMP dtype (an unknown GPU: no MFU),
-            or on the CPU a GEMM peak measured once per machine and cached under
-            ``$SAMPAN_HOME/cache/hardware`` (see ``sampan.utils.hardware``). 0 turns MFU off. The
-            peak never moves during a run, so MFU over 100% (a wrong FLOP count or peak) shows.
+            or on the CPU the processor's peak, FLOPs per cycle (SIMD width x FMA units, AMX for
+            bf16) x cores in use x highest clock, from ``/proc/cpuinfo`` and never timed (unknown,
+            e.g. no clock there: no MFU; see ``sampan.utils.hardware``). 0 turns MFU off. The
+            peak never moves with the run or the load, so MFU over 100% (a wrong FLOP count or peak) shows.
         overwrite_output_dir: when not resuming, delete an earlier run's checkpoints, metrics and
             TensorBoard events in ``output_dir`` first; when False such leftovers are an error
             (so two runs never mix, and "auto" never resumes someone else's run).
@@ -90,6 +96,7 @@ class TrainingArguments:
     learning_rate: float = 5e-5
     lr_scheduler: str = "linear"
     warmup_steps: int = 0
+    warmup_ratio: float = 0.0
     min_lr_ratio: float = 0.0
     wsd_decay_ratio: float = 0.1
     weight_decay: float = 0.0
@@ -135,6 +142,7 @@ class TrainingArguments:
             need(isinstance(getattr(self, name), int) and getattr(self, name) >= 0, name, "must be an integer >= 0")
         need(self.prefetch_factor >= 1, "prefetch_factor", "must be >= 1")
         need(self.learning_rate > 0, "learning_rate", "must be > 0")
+        need(0.0 <= self.warmup_ratio < 1.0, "warmup_ratio", "must be a fraction of the steps in [0, 1)")
         need(0.0 <= self.min_lr_ratio <= 1.0, "min_lr_ratio", "must be in [0, 1]")
         need(0.0 < self.wsd_decay_ratio <= 1.0, "wsd_decay_ratio", "must be in (0, 1]")
         need(self.weight_decay >= 0, "weight_decay", "must be >= 0")
@@ -186,26 +194,30 @@ class TrainingArguments:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
+    def warmup_for(self, max_steps: int) -> int:
+        """Warmup steps of a run of ``max_steps``: ``warmup_steps``, else ``warmup_ratio`` of the run."""
+        warmup = self.warmup_steps or math.ceil(self.warmup_ratio * max_steps)
+        return min(warmup, max_steps)
 
-def load_config_file(path: str | Path) -> dict[str, Any]:
-    """Read a TOML (``.toml``) or YAML (``.yaml`` / ``.yml``) file into a dict."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"config file {path} not found")
-    suffix = path.suffix.lower()
-    text = path.read_text(encoding="utf-8")
-    if suffix == ".toml":
-        try:
-            import tomllib
-        except ModuleNotFoundError:  # Python 3.10
-            import tomli as tomllib
-        data = tomllib.loads(text)
-    elif suffix in (".yaml", ".yml"):
-        from sampan.utils.settings import load_yaml
 
-        data = load_yaml(text) or {}
-    else:
-        raise ValueError(f"config file {path} must end in .toml, .yaml or .yml")
-    if not isinstance(data, dict):
-        raise ValueError(f"config file {path} must hold a table / mapping at the top level")
-    return data
+# The short flags users expect on every training verb (``sampan pretrain --steps 300 --lr 3e-4``),
+# beside the full ``--training.<field>`` ones the verbs generate from this class.
+TRAINING_ALIASES: dict[str, tuple[str, ...]] = {
+    "training.max_steps": ("--steps", "--max-steps"),
+    "training.learning_rate": ("--learning-rate", "--lr"),
+    "training.per_device_train_batch_size": ("--batch-size",),
+    "training.output_dir": ("--output-dir",),
+    "training.warmup_steps": ("--warmup-steps",),
+    "training.seed": ("--seed",),
+    "training.device": ("--device",),
+    "training.amp": ("--amp",),
+    "training.compile": ("--compile",),
+    "training.logging_steps": ("--logging-steps",),
+    "training.eval_steps": ("--eval-steps",),
+    "training.save_steps": ("--save-steps",),
+    "training.overwrite_output_dir": ("--overwrite",),
+}
+# ``--resume``: continue the run in output_dir from its newest valid checkpoint.
+RESUME_FLAG = {"--resume": ("training.resume_from_checkpoint", "auto",
+                            "continue the run in the output directory from its newest valid checkpoint (the "
+                            "same as --training.resume_from_checkpoint auto)")}

@@ -17,7 +17,7 @@ from sampan.trainer.arguments import TrainingArguments
 
 def build_schedule(args: TrainingArguments, max_steps: int) -> LRScheduler:
     """Warmup then the named decay, ending at ``learning_rate * min_lr_ratio`` on ``max_steps``."""
-    lr, warmup = args.learning_rate, min(args.warmup_steps, max_steps)
+    lr, warmup = args.learning_rate, args.warmup_for(max_steps)
     min_lr = lr * args.min_lr_ratio
     after = max(1, max_steps - warmup)
     if args.lr_scheduler == "wsd":

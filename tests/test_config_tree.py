@@ -1,0 +1,248 @@
+"""One configuration tree: every verb's flags come from its config dataclass, and each setting is
+declared once (docs/configuration.md). Cost: about 5 s (the parser is built once, every verb's
+flags are added, and the configs are walked; no model is built)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections import defaultdict
+
+import pytest
+
+from sampan import cli
+from sampan.commands import Parser
+from sampan.utils.config import build, config_classes, leaves, nested, resolve_nested
+
+# A word that names a different setting in each class listed, with what it is there. The check
+# below compares this table with the code both ways: a new class declaring one of these words (or
+# any other word twice) fails until it nests the owner, or the difference is argued here.
+HOMONYMS: dict[str, dict[str, str]] = {
+    "device": {
+        "TrainingArguments": "where a run trains (the model, the optimizer state and the batches live there)",
+        "ServeSpec": "where a server's predictors run (ONNX Runtime's provider, or torch's for .pt2)",
+        "TaskOptions": "where one Taskflow's predictor runs",
+        "ExportOptions": "where the exported programs are checked against eager (export itself traces on the CPU)",
+        "CommBenchOptions": "which collectives backend the benchmark times (cpu: gloo, cuda: NCCL)",
+    },
+    "model": {
+        "FinetuneConfig": "the base to start from: a model directory, a stored model's name, or a config name",
+        "TaskOptions": "the stored model or directory a task runs",
+        "Job": "the model planned or simulated: a registered name or a config file (no weights)",
+        "PretrainConfig": "the registered ERNIE config built and pretrained, with its overrides (a ModelChoice)",
+        "RunConfig": "the registered model a run file builds, with its overrides (a ModelChoice)",
+        "GPTRecipe": "the registered GPT the recipe builds, with its overrides (a ModelChoice)",
+    },
+    "data": {
+        "PretrainConfig": "a data build's directory",
+        "FinetuneConfig": "'builtin' or a JSONL path of task examples",
+        "RunConfig": "the [data] table: a corpus or a token file (a DataConfig)",
+        "ErnieStageConfig": "the data build the stage makes (a DataBuildConfig)",
+        "ErnieRecipe": "the shared data build the recipe makes (a DataBuildConfig)",
+        "GPTRecipe": "the shared data build the recipe makes (a DataBuildConfig)",
+    },
+    "seq_len": {
+        "DataBuildConfig": "tokens per row of a data build ([CLS] and [SEP] included)",
+        "DataConfig": "tokens per training window cut from a corpus or token file",
+        "Job": "tokens per sequence of a planned workload (nothing is built)",
+    },
+    "vocab_size": {
+        "DataBuildConfig": "the WordPiece vocabulary to train",
+        "DataConfig": "the vocabulary a given token file's ids come from",
+    },
+    "out": {
+        "DataBuildConfig": "the data build's directory",
+        "ExportOptions": "the inference directory written",
+        "ReportOptions": "the report's PNG file",
+        "BuildOptions": "the model store a recipe writes into",
+    },
+    "overwrite": {
+        "DataBuildConfig": "replace an existing data build",
+        "ExportOptions": "replace an existing inference directory",
+    },
+    "max_length": {
+        "FinetuneConfig": "the longest training input, in tokens",
+        "TaskOptions": "the longest input a task's predictor sees, in tokens",
+    },
+    "task": {
+        "FinetuneConfig": "the task a model is fine-tuned for (sentiment_analysis, ner)",
+        "TaskOptions": "the Taskflow task run (any of `sampan task --list`)",
+    },
+    "workers": {
+        "DataBuildConfig": "processes that segment, tag and tokenize a build",
+        "ServeSpec": "uvicorn worker processes, each with its own copy of the models",
+    },
+    "strategy": {
+        "TrainingArguments": "the run's hybrid-parallel layout, validated into DistributedStrategy's dict",
+        "SimulateOptions": "a layout to simulate, as the JSON text or the file (a run file's [strategy]) it is in",
+    },
+}
+
+
+def _parsers(parser: argparse.ArgumentParser):
+    """``parser`` and every sub-parser under it, each with its deferred flags added."""
+    if isinstance(parser, Parser):
+        parser.populate()
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):
+                yield from _parsers(sub)
+
+
+@pytest.fixture(scope="module")
+def verbs() -> list[argparse.ArgumentParser]:
+    return list(_parsers(cli.build_parser()))
+
+
+def verb_configs(verbs) -> list[type]:
+    """The configs the verbs' flags come from, and every config they nest."""
+    roots = [cls for parser in verbs for cls in getattr(parser, "sampan_configs", [])]
+    return list(dict.fromkeys(c for root in roots for c in config_classes(root)))
+
+
+def declared_twice(classes: list[type]) -> dict[str, list[str]]:
+    """Field names declared by more than one class, as ``{name: [class names]}``. Nesting is not
+    declaring: fields that nest the same config (``training: TrainingArguments`` in four classes)
+    are one declaration, the nested class's."""
+    from sampan.utils.config import nesting
+
+    owners: dict[str, dict[str, str]] = defaultdict(dict)  # name -> {declaration: class}
+    for cls in classes:
+        for field in dataclasses.fields(cls):
+            nest = nesting(field)
+            key = f"nests {nest.cls.__name__}" if nest is not None else f"declared in {cls.__name__}"
+            owners[field.name].setdefault(key, cls.__name__)
+            if nest is not None:
+                owners[field.name][f"{key} by {cls.__name__}"] = cls.__name__
+    out = {}
+    for name, found in owners.items():
+        kinds = {k for k in found if " by " not in k}
+        if len(kinds) > 1:
+            out[name] = sorted(set(found.values()))
+    return out
+
+
+def test_every_flag_of_every_verb_comes_from_its_config(verbs):
+    handwritten = []
+    for parser in verbs:
+        for action in parser._actions:
+            if isinstance(action, (argparse._HelpAction, argparse._VersionAction, argparse._SubParsersAction)):
+                continue
+            if getattr(action, "sampan_path", None) is None:
+                handwritten.append(f"{parser.prog}: {'/'.join(action.option_strings) or action.dest}")
+    assert handwritten == []
+    from sampan.commands import COMMANDS
+    from sampan.store.models import RECIPE_NAMES
+
+    handlers = {p.prog.removeprefix("sampan ") for p in verbs if p.get_default("func") is not None}
+    actions = {"data": ["build", "fetch"], "hub": ["list", "evaluate", *(f"build {r}" for r in RECIPE_NAMES)],
+               "bench": ["comm"]}
+    assert handlers == {f"{verb} {action}" if verb in actions else verb for verb in COMMANDS
+                        for action in actions.get(verb, [""])} | {f"{v} {a}" for v in actions for a in actions[v]}
+    assert all(getattr(p, "sampan_configs", None) for p in verbs if p.get_default("func") is not None)
+
+
+def test_each_setting_is_declared_once(verbs):
+    classes = verb_configs(verbs)
+    names = {cls.__name__ for cls in classes}
+    assert {"TrainingArguments", "PretrainConfig", "FinetuneConfig", "DemoConfig", "RunConfig", "Job",
+            "GpuChoice", "ServeSpec", "GPTRecipe", "NERRecipe"} <= names
+    assert len(names) == len(classes), "two config classes share a name"
+    found = declared_twice(classes)
+    assert found == {name: sorted(owners) for name, owners in HOMONYMS.items()}
+
+
+def test_a_setting_declared_twice_is_caught():
+    """The check itself: a config that restates TrainingArguments' learning rate beside nesting it."""
+    from sampan.trainer.arguments import TrainingArguments
+
+    @dataclasses.dataclass
+    class Restating:
+        learning_rate: float = 1e-3
+        training: TrainingArguments = nested(TrainingArguments)
+
+    @dataclasses.dataclass
+    class Nesting:
+        training: TrainingArguments = nested(TrainingArguments, learning_rate=1e-3)
+
+    assert declared_twice(config_classes(Restating)) == {"learning_rate": ["Restating", "TrainingArguments"]}
+    assert declared_twice(config_classes(Nesting)) == {}
+
+
+def test_nested_defaults_merge_and_old_keys_name_their_new_place():
+    from sampan.finetune.config import FinetuneConfig
+    from sampan.pretraining.config import PretrainConfig
+
+    config = PretrainConfig(training={"max_steps": 12})
+    assert (config.training.max_steps, config.training.learning_rate) == (12, 5e-4)  # pretraining's default kept
+    with pytest.raises(ValueError, match="key max_steps is now training.max_steps"):
+        build(PretrainConfig, {"max_steps": 12})
+    with pytest.raises(ValueError, match="key epochs is now training.num_train_epochs"):
+        build(FinetuneConfig, {"epochs": 2})
+    with pytest.raises(ValueError, match=r"unknown key 'learning_rat' in training \(TrainingArguments\); "
+                                         "did you mean 'learning_rate'"):
+        build(PretrainConfig, {"training": {"learning_rat": 1.0}})
+
+
+def test_a_parent_refuses_the_fields_it_sets_itself():
+    from sampan.demo.ernie_stage import ErnieStageConfig
+
+    with pytest.raises(ValueError, match="ErnieStageConfig.pretrain.data is set by the demo"):
+        ErnieStageConfig(pretrain={"data": "elsewhere"})
+
+
+def test_every_config_round_trips_through_a_mapping(verbs):
+    """What a run file or a model card stores of a config builds the same config back."""
+    from sampan.utils.config import to_dict
+
+    needs_values = {"SimulateOptions"}  # a layout (--fix or --strategy) has no default
+    tried = 0
+    for cls in verb_configs(verbs):
+        if any(leaf.default is dataclasses.MISSING for leaf in leaves(cls)):
+            continue
+        if cls.__name__ in needs_values:
+            with pytest.raises(ValueError):
+                cls()
+            continue
+        config = cls()
+        assert build(cls, to_dict(config)) == config, cls.__name__
+        tried += 1
+    assert tried >= 20
+
+
+def test_resolve_nested_refuses_a_wrong_type():
+    from sampan.trainer.arguments import TrainingArguments
+
+    @dataclasses.dataclass
+    class Holder:
+        training: TrainingArguments = nested(TrainingArguments)
+
+        def __post_init__(self):
+            resolve_nested(self)
+
+    with pytest.raises(ValueError, match="training must be a TrainingArguments or a mapping of its fields"):
+        Holder(training=3)
+
+
+def test_run_files_written_before_the_tree_still_load():
+    """The run files in examples/ (and the ones `sampan plan --write-strategy` writes: test_planner.py)
+    keep their [model] [data] [training] [strategy] tables."""
+    from pathlib import Path
+
+    from sampan.runfile import RunConfig
+
+    files = sorted((Path(__file__).resolve().parents[1] / "examples" / "configs").glob("*.toml"))
+    assert files
+    for path in files:
+        config = RunConfig.from_file(path)
+        assert config.model.name and config.training.max_steps != 0, path
+
+
+def test_every_setting_is_documented(verbs):
+    """``--help`` explains every flag: each field of each config has its documentation."""
+    from sampan.utils.flags import field_docs
+
+    missing = [f"{cls.__name__}.{f.name}" for cls in verb_configs(verbs) for f in dataclasses.fields(cls)
+               if f.init and not field_docs(cls).get(f.name)]
+    assert missing == []
