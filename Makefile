@@ -40,14 +40,19 @@ $(DEV_STAMP): $(STAMP)
 	$(BIN)/pip install --quiet --no-warn-conflicts -e '.[dev]' $(TORCH)
 	touch $(DEV_STAMP)
 
+# Two workers (pytest-xdist) on the 2-core machines CI runs on: the in-process tests spread over
+# both, the multi-process ones (torchrun groups, served models, the browser) queue on one of them,
+# one at a time (tests/conftest.py), so two rank groups never starve each other of the cores.
+TEST_WORKERS ?= 2
 test: setup-dev system-deps
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadgroup
 	$(BIN)/ruff check .
 
 # The inner loop: everything but the tests marked slow, multiprocess, network or browser
 # (pyproject.toml's markers); about two minutes on 2 cores. `make test` still runs them all.
 test-fast: setup-dev
-	$(BIN)/python -m pytest -q -m "not slow and not multiprocess and not network and not browser" --durations=10
+	$(BIN)/python -m pytest -q -m "not slow and not multiprocess and not network and not browser" --durations=10 \
+	  -n $(TEST_WORKERS)
 	$(BIN)/ruff check .
 
 lint: setup-dev

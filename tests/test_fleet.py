@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from ranks import run_ranks
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
@@ -24,9 +25,15 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def _torchrun(nproc: int, out: Path, *args: str, timeout: int = 240) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           str(SCRIPT), str(out), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=timeout)
+    """The script on ``nproc`` gloo ranks (forked from a zygote that imported torch once: ranks.py;
+    ``test_the_zygote_and_torchrun_give_the_same_losses`` checks the two launches agree)."""
+    return run_ranks(SCRIPT, [str(out), *args], nproc, timeout=timeout)
+
+
+def _one_process(out: Path, *args: str, timeout: int = 120) -> None:
+    """The script as one plain process (no launcher, no process group)."""
+    run = run_ranks(SCRIPT, [str(out), *args], timeout=timeout, distributed=False)
+    assert run.returncode == 0, run.stderr[-3000:]
 
 
 def _losses(out: Path) -> list[float]:
@@ -39,8 +46,7 @@ def reference(tmp_path_factory) -> dict[str, list[float]]:
     out = {}
     for family in ("gpt", "ernie", "llama", "custom"):
         path = tmp_path_factory.mktemp("ref") / f"{family}.json"
-        subprocess.run([sys.executable, str(SCRIPT), str(path), "--family", family], check=True, env=ENV,
-                       timeout=120, capture_output=True)
+        _one_process(path, "--family", family)
         out[family] = _losses(path)
     return out
 
@@ -97,6 +103,19 @@ def test_strategy_matches_one_process(case, family, reference, tmp_path):
     _assert_close(_losses(out), reference[family])
 
 
+@pytest.mark.timeout(300)
+def test_the_zygote_and_torchrun_give_the_same_losses(tmp_path):
+    """The other cases fork their ranks from a zygote that imported torch once (ranks.py); torchrun
+    starting each rank afresh gives the same losses, to the bit, on a 4-rank layout."""
+    forked, launched = tmp_path / "forked.json", tmp_path / "torchrun.json"
+    assert _torchrun(4, forked, "--family", "gpt", "--dp", "2", "--mp", "2").returncode == 0
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", str(SCRIPT),
+           str(launched), "--family", "gpt", "--dp", "2", "--mp", "2"]
+    run = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=240)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert _losses(launched) == _losses(forked)
+
+
 # One layout per kind of split (data, tensor, ZeRO-3, pipeline with accumulation, and data x tensor
 # on 4 ranks), where a gradient reduced, averaged or weighted with the wrong factor shows under SGD.
 SGD_CASES = ["dp2", "mp2", "sharding2-stage3", "pp2-1F1B", "dp2xmp2"]
@@ -106,8 +125,7 @@ SGD_CASES = ["dp2", "mp2", "sharding2-stage3", "pp2-1F1B", "dp2xmp2"]
 def sgd_reference(tmp_path_factory) -> list[float]:
     """One-process GPT losses under plain SGD; only the SGD cases run it."""
     path = tmp_path_factory.mktemp("ref") / "gpt-sgd.json"
-    subprocess.run([sys.executable, str(SCRIPT), str(path), "--family", "gpt", "--optimizer", "sgd"], check=True,
-                   env=ENV, timeout=120, capture_output=True)
+    _one_process(path, "--family", "gpt", "--optimizer", "sgd")
     return _losses(path)
 
 
@@ -116,8 +134,7 @@ def test_sgd_reference_shows_a_gradient_half_as_large(sgd_reference, tmp_path):
     """Under SGD half the gradient is the same step as half the learning rate: that run's losses
     from step 2 on must differ from the reference by far more than the equivalence tolerance."""
     half = tmp_path / "half.json"
-    subprocess.run([sys.executable, str(SCRIPT), str(half), "--family", "gpt", "--optimizer", "sgd",
-                    "--learning-rate", "0.5"], check=True, env=ENV, timeout=100, capture_output=True)
+    _one_process(half, "--family", "gpt", "--optimizer", "sgd", "--learning-rate", "0.5", timeout=100)
     got = _losses(half)
     assert got[0] == sgd_reference[0]  # the first loss is before any step
     for step in range(1, 5):
@@ -157,8 +174,7 @@ def test_dp2_mp2_pp2_on_8_ranks(family, reference, tmp_path):
 @pytest.mark.timeout(120)
 def test_single_process_fleet_matches_plain_training(reference, tmp_path):
     out = tmp_path / "losses.json"
-    subprocess.run([sys.executable, str(SCRIPT), str(out), "--fleet"], check=True, env=ENV, timeout=100,
-                   capture_output=True)
+    _one_process(out, "--fleet", timeout=100)
     _assert_close(_losses(out), reference["gpt"])
 
 
@@ -197,8 +213,7 @@ def test_checkpoint_saved_at_dp2_mp2_pp2_resumes_at_other_layouts(reference, tmp
         assert run.returncode == 0, run.stderr[-3000:]
         _assert_close_prefix(_losses(out), reference["gpt"][3:])
     one = tmp_path / "one-process.json"
-    subprocess.run([sys.executable, str(SCRIPT), str(one), "--resume-from", str(ckpt)], check=True, env=ENV,
-                   timeout=100, capture_output=True)
+    _one_process(one, "--resume-from", str(ckpt), timeout=100)
     _assert_close_prefix(_losses(one), reference["gpt"][3:])
 
 
@@ -210,8 +225,7 @@ def test_ernie_pipeline_checkpoint_resumes_in_one_process(reference, tmp_path):
                       "--save-after", "3", "--ckpt", str(ckpt))
     assert saved.returncode == 0, saved.stderr[-3000:]
     one = tmp_path / "one-process.json"
-    subprocess.run([sys.executable, str(SCRIPT), str(one), "--family", "ernie", "--resume-from", str(ckpt)],
-                   check=True, env=ENV, timeout=100, capture_output=True)
+    _one_process(one, "--family", "ernie", "--resume-from", str(ckpt), timeout=100)
     _assert_close_prefix(_losses(one), reference["ernie"][3:])
 
 
@@ -278,8 +292,7 @@ def bf16_reference(tmp_path_factory) -> dict:
     """One process, fleet at world size 1 with bf16 parameters (O2), the global batch in 8 micro-batches
     of one sequence: what each rank of the 8-rank run computes, summed in one place."""
     path = tmp_path_factory.mktemp("ref") / "o2.json"
-    subprocess.run([sys.executable, str(SCRIPT), str(path), "--family", "llama", "--fleet", "--o2", "--accumulate", "8",
-                    "--diagnostics"], check=True, env=ENV, timeout=120, capture_output=True)
+    _one_process(path, "--family", "llama", "--fleet", "--o2", "--accumulate", "8", "--diagnostics")
     return json.loads(path.read_text())
 
 
@@ -321,9 +334,7 @@ def test_amp_levels_hold_and_send_what_they_say(tmp_path):
     bytes of O1; without master gradients it reduces half the bytes; without master weights its
     parameters and optimizer state are bf16 (half the bytes)."""
     out = tmp_path / "levels.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(Path(__file__).parent / "scripts" / "precision_bytes.py"), str(out)]
-    run = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=200)
+    run = run_ranks(Path(__file__).parent / "scripts" / "precision_bytes.py", [str(out)], 2, timeout=200)
     assert run.returncode == 0, run.stderr[-3000:]
     levels = json.loads(out.read_text())
     o1, o2 = levels["O1"], levels["O2"]
@@ -346,7 +357,5 @@ def test_vocab_parallel_embedding_keeps_only_its_rows_gradient():
     """torch's RowwiseParallel on an embedding leaves a whole-vocabulary gradient on every rank; sampan's
     VocabParallelEmbedding equals one nn.Embedding (padding row included) with each rank's gradient
     holding its own rows only, with a replicated and a sequence-sharded output."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(Path(__file__).parent / "scripts" / "vocab_parallel.py")]
-    run = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=100)
+    run = run_ranks(Path(__file__).parent / "scripts" / "vocab_parallel.py", [], 2, timeout=100)
     assert run.returncode == 0, run.stderr[-3000:]

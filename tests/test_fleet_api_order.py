@@ -13,13 +13,12 @@ read its report.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from test_fleet import ENV, _assert_close
+from ranks import run_ranks
 from test_fleet import SCRIPT as EQUIVALENCE
+from test_fleet import _assert_close
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
@@ -37,8 +36,8 @@ LAYOUTS = {  # name: (ranks, worker arguments)
 def reference(tmp_path_factory) -> list[float]:
     """The tiny GPT's losses in one plain process (no fleet)."""
     path = tmp_path_factory.mktemp("ref") / "gpt.json"
-    subprocess.run([sys.executable, str(EQUIVALENCE), str(path), "--family", "gpt"], check=True, env=ENV,
-                   timeout=120, capture_output=True)
+    run = run_ranks(EQUIVALENCE, [str(path), "--family", "gpt"], timeout=120, distributed=False)
+    assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(path.read_text())["losses"]
 
 
@@ -51,9 +50,7 @@ def reports(tmp_path_factory):
         if layout not in done:
             nproc, args = LAYOUTS[layout]
             out = tmp_path_factory.mktemp(layout) / "report.json"
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                   str(WORKER), str(out), *args]
-            run = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=280)
+            run = run_ranks(WORKER, [str(out), *args], nproc, timeout=280)
             assert run.returncode == 0, run.stderr[-3000:]
             done[layout] = json.loads(out.read_text())
         return done[layout]

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from ranks import run_ranks
 
 from sampan.cli import main
 
@@ -133,9 +134,7 @@ def test_simulated_state_bytes_equal_a_real_8_rank_run(layout, tmp_path):
     from sampan.distributed.strategy import DistributedStrategy
 
     model, strategy = REAL_LAYOUTS[layout]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=8", str(SCRIPT),
-           str(tmp_path), model, json.dumps(strategy), "8", "64"]
-    run = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
+    run = run_ranks(SCRIPT, [str(tmp_path), model, json.dumps(strategy), "8", "64"], 8, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     real = {r: json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(8)}
     parsed = DistributedStrategy.from_dict(strategy)
@@ -158,7 +157,7 @@ def test_committed_simulations_agree_with_the_planner():
     import importlib.util
 
     from sampan.planner.layout import Workload, parse_fix
-    from sampan.planner.memory import _stage_memory
+    from sampan.planner.memory import stage_memory
     from sampan.planner.model_shape import load_model
 
     spec = importlib.util.spec_from_file_location("scale_bench", ROOT / "benchmarks" / "scale.py")
@@ -171,7 +170,7 @@ def test_committed_simulations_agree_with_the_planner():
         layout = parse_fix(fix, gpus, work)
         shape = load_model(model)
         for rank in results[name]["ranks"]:
-            planned = _stage_memory(shape, layout, work, rank["pipeline_rank"])
+            planned = stage_memory(shape, layout, work, rank["pipeline_rank"])
             ratio = rank["simulated"]["total"] / (planned.total - planned.reserved)
             assert abs(ratio - 1) <= 0.05, (name, rank["rank"], ratio)
     features = results["llama3-405b-meta-features"]

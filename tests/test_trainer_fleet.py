@@ -17,10 +17,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from ranks import run_ranks
 
 from sampan.checkpoint import verify_checkpoint
+from sampan.runfile import RunConfig
 from sampan.trainer import TrainingArguments
-from sampan.trainer.run_config import RunConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
@@ -29,12 +30,9 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def _run(nproc: int, out: Path, *args: str, timeout: int = 300) -> None:
-    if nproc == 1:
-        cmd = [sys.executable, str(SCRIPT), str(out), *args]
-    else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               str(SCRIPT), str(out), *args]
-    run = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=timeout)
+    """The script on ``nproc`` gloo ranks (forked from a zygote: tests/ranks.py), or alone for 1.
+    The elastic-restart test below goes through ``sampan launch`` and torchrun for real."""
+    run = run_ranks(SCRIPT, [str(out), *args], nproc, timeout=timeout, distributed=nproc > 1)
     assert run.returncode == 0, run.stderr[-3000:]
 
 
