@@ -239,7 +239,8 @@ def skip_layer_norm_kernel(shape: tuple[int, int], hidden: int, args: argparse.N
 
 def _fresh_run(home: Path, imported: list[bool]) -> float:
     """Seconds of one fresh interpreter running COLD_START; appends whether it imported torch."""
-    env = dict(os.environ, SAMPAN_HOME=str(home))
+    # The cold start's caches are the private home's own (a shared $SAMPAN_CACHE would hold them warm).
+    env = {**{k: v for k, v in os.environ.items() if k != "SAMPAN_CACHE"}, "SAMPAN_HOME": str(home)}
     start = time.perf_counter()
     run = subprocess.run([sys.executable, "-W", "ignore", "-c", COLD_START + TORCH_CHECK], env=env, check=True,
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)

@@ -9,6 +9,10 @@ import torch
 # README must not have gone untested in CI).
 NO_SKIPS = "SAMPAN_NO_SKIPS"
 
+# Tests that give themselves a private $SAMPAN_HOME expect its caches inside it; a $SAMPAN_CACHE in
+# the developer's shell would move them out from under those tests.
+os.environ.pop("SAMPAN_CACHE", None)
+
 # The tests use tiny tensors, for which a second intra-op thread costs more than it gives
 # (and CI runs on 2 cores). Results do not depend on the thread count.
 torch.set_num_threads(1)

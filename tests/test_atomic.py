@@ -210,3 +210,39 @@ def test_fsync_dir_tolerates_refusal_but_not_a_missing_dir(tmp_path: Path, monke
 
     monkeypatch.setattr(atomic.os, "fsync", refuse)
     fsync_dir(tmp_path)  # no error
+
+
+def test_file_lock_excludes_another_process(tmp_path):
+    """Two processes taking the same lock run their critical sections one after the other: the
+    child, ready to take it while the parent holds it, enters only once the parent lets go."""
+    import subprocess
+    import sys
+    import time
+
+    from sampan.utils.atomic import file_lock
+
+    lock, log = tmp_path / "x.lock", tmp_path / "log"
+    child = ("import sys; from sampan.utils.atomic import file_lock\n"
+             "open(sys.argv[2], 'a').write('child-waiting\\n')\n"
+             "with file_lock(sys.argv[1]):\n"
+             "    open(sys.argv[2], 'a').write('child-in\\n')\n")
+    with file_lock(lock):
+        proc = subprocess.Popen([sys.executable, "-c", child, str(lock), str(log)])
+        deadline = time.monotonic() + 60
+        while not (log.is_file() and "child-waiting" in log.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.5)  # without the lock the child would be in by now
+        with log.open("a") as f:
+            f.write("parent-out\n")
+    assert proc.wait(timeout=60) == 0
+    assert log.read_text().splitlines() == ["child-waiting", "parent-out", "child-in"]
+
+
+def test_sampan_cache_moves_the_caches(tmp_path, monkeypatch):
+    from sampan.utils.paths import cache_dir
+
+    monkeypatch.setenv("SAMPAN_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("SAMPAN_CACHE", raising=False)
+    assert cache_dir("inference") == tmp_path / "home" / "cache" / "inference"
+    monkeypatch.setenv("SAMPAN_CACHE", str(tmp_path / "shared"))
+    assert cache_dir("inference", "x") == tmp_path / "shared" / "inference" / "x"

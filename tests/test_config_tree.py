@@ -246,3 +246,25 @@ def test_every_setting_is_documented(verbs):
     missing = [f"{cls.__name__}.{f.name}" for cls in verb_configs(verbs) for f in dataclasses.fields(cls)
                if f.init and not field_docs(cls).get(f.name)]
     assert missing == []
+
+
+def test_the_verbs_use_only_public_names():
+    """``sampan/commands/`` holds the verbs and calls the packages below through their public API:
+    no imported module path or name starts with a single underscore."""
+    import ast
+    from pathlib import Path
+
+    def private(name: str) -> bool:
+        return any(part.startswith("_") and not part.startswith("__") for part in name.split("."))
+
+    found = []
+    for path in sorted((Path(cli.__file__).parent / "commands").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or "", *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            found += [f"{path.name}:{node.lineno}: {n}" for n in names if private(n)]
+    assert found == []

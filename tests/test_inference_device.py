@@ -234,7 +234,7 @@ def test_plain_specs_need_no_torch_import():
 
 @pytest.fixture
 def sampan_home(tmp_path, monkeypatch):
-    """A private $SAMPAN_HOME: only the shipped models resolve, and exports go to a fresh cache."""
+    """A private $SAMPAN_HOME: only the shipped models resolve, and exports go to a fresh cache in it."""
     monkeypatch.setenv("SAMPAN_HOME", str(tmp_path))
     return tmp_path
 

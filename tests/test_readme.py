@@ -5,7 +5,7 @@ quickstart, one line per area and links into docs/. Figures live in docs/benchma
 their runs, see tests/test_readme_figures.py), evidence in each area's doc. These checks keep it
 that way: a length bound, a line-width bound, the commands near the top, and links that resolve to
 files inside the repository (no ``../`` that only works beside some other checkout, no absolute
-paths of one machine).
+paths of one machine). Cost: well under a second (text only).
 """
 
 from __future__ import annotations

@@ -51,10 +51,11 @@ def test_sentiment_runs_through_the_exported_graph(sentiment, sampan_home):
     from sampan.finetune import load_task_model
     from sampan.inference import Predictor
     from sampan.taskflow.encoding import encode_texts
+    from sampan.utils.paths import cache_dir
 
     loaded = sentiment.task.loaded
     assert isinstance(loaded.predictor, Predictor)
-    assert loaded.inference_dir.is_relative_to(sampan_home)
+    assert loaded.inference_dir.is_relative_to(cache_dir("inference"))  # the export cache, made on first use
     assert (loaded.inference_dir / "inference.onnx").is_file()
     texts = ["物流很快，包装完好", "太难用了", "一般般吧，没有想象中好，但也不算差"]
     enc = encode_texts(loaded.tokenizer, texts, 128)

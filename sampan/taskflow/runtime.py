@@ -22,6 +22,7 @@ from typing import Any
 from sampan.store.model_dir import ModelDir
 from sampan.store.models import resolve
 from sampan.text.tokenizer import ChineseTokenizer
+from sampan.utils.atomic import file_lock
 from sampan.utils.paths import cache_dir
 
 _EXPORT_VERSION = "1"  # bump when the exported signature changes, to invalidate old caches
@@ -61,7 +62,9 @@ def export_dir(name: str, directory: Path) -> Path:
     from sampan.inference import export_pretrained
     from sampan.inference.pretrained import model_features
 
-    with _lock:  # one export per process at a time; export_pretrained itself is atomic on disk
+    # One export at a time, across threads and processes (the workers of `sampan serve --workers N`
+    # start together): the others wait, then find it made. export_pretrained is atomic on disk.
+    with _lock, file_lock(target.parent / f".{target.name}.lock"):
         if not (target / "inference.onnx").is_file():
             target.parent.mkdir(parents=True, exist_ok=True)
             print(f"sampan: exporting {name} for inference (once per model) -> {target}", file=sys.stderr)

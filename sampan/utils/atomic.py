@@ -181,3 +181,24 @@ def remove_dir(path: str | os.PathLike, trash_prefix: str = ".trash-") -> None:
     os.rename(path, trash)
     fsync_dir(path.parent)
     shutil.rmtree(trash)
+
+
+@contextlib.contextmanager
+def file_lock(path: str | os.PathLike) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (created if missing) against other processes: a cache that
+    several processes fill (the Taskflow export cache, under ``sampan serve --workers N``) is filled
+    once, and none sees another's half-done swap. POSIX ``flock``; where there is none (Windows)
+    the writes stay atomic but two processes may both fill the cache."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        yield
+        return
+    with open(path, "a+b") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
