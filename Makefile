@@ -49,7 +49,7 @@ test: setup-dev system-deps
 	$(BIN)/ruff check .
 
 # The inner loop: everything but the tests marked slow, multiprocess, network or browser
-# (pyproject.toml's markers); about two minutes on 2 cores. `make test` still runs them all.
+# (pyproject.toml's markers); about 90 s on 2 cores. `make test` still runs them all.
 test-fast: setup-dev
 	$(BIN)/python -m pytest -q -m "not slow and not multiprocess and not network and not browser" --durations=10 \
 	  -n $(TEST_WORKERS)

@@ -4,8 +4,10 @@ A step is forward with labels -> loss, backward, AdamW step, clear the gradients
 an independent pre-norm GPT (below) with torch.optim.AdamW and the same hyper-parameters. Before
 timing, sampan's weights are copied into the baseline by an explicit name map and both must give
 the same loss on the same batch (before and after one optimizer step), so the two sides do the
-same work. Steps are timed in interleaved blocks; the script also measures this machine's fp32
-GEMM peak and reports achieved GFLOP/s and MFU from ``GPTConfig.flops_per_token``.
+same work. Steps are timed in interleaved blocks; the script also measures the rate an fp32 GEMM
+reaches on this machine and reports achieved GFLOP/s (``GPTConfig.flops_per_token``) as a share of
+it. That share is stored under ``mfu`` for the results files already written, but it is not MFU,
+which divides by the processor's peak (``sampan.utils.hardware.cpu_peak``).
 
     python benchmarks/model_step.py                       # defaults, writes benchmarks/results/model_step.json
     python benchmarks/model_step.py --quick --out /tmp/q.json   # smoke run, seconds
@@ -277,7 +279,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     table = Table(title=f"GPT train step  h={args.hidden} L={args.layers} heads={args.heads} V={args.vocab} "
                         f"s={args.seq_len} b={args.batch}  fp32, {threads} threads")
-    for col in ("", "median ms", "min ms", "GFLOP/s", "MFU", "tokens/s"):
+    for col in ("", "median ms", "min ms", "GFLOP/s", "GEMM share", "tokens/s"):
         table.add_column(col, justify="right" if col else "left")
     for name in ("sampan", "baseline"):
         s = sides[name]

@@ -160,7 +160,7 @@ class TrainingArguments:
         need(self.recompute in RECOMPUTE_MODES, "recompute", f"must be one of {list(RECOMPUTE_MODES)}")
         need(self.save_total_limit is None or self.save_total_limit > 0, "save_total_limit",
              "must be > 0 or None (keep all)")
-        need(self.peak_flops is None or self.peak_flops >= 0, "peak_flops", "must be >= 0 or None (measure)")
+        need(self.peak_flops is None or self.peak_flops >= 0, "peak_flops", "must be >= 0, or None (the device's own peak)")
         if self.strategy is not None:
             from sampan.distributed.strategy import DistributedStrategy  # plain data: starts nothing
 
