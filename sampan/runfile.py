@@ -30,7 +30,7 @@ import numpy as np
 
 from sampan.models.choice import ModelChoice
 from sampan.trainer.arguments import TrainingArguments
-from sampan.utils.config import apply_overrides, build, nested, resolve_nested, to_dict
+from sampan.utils.config import apply_overrides, build, nested, resolve_nested
 from sampan.utils.config_files import load_config_file
 
 CORPORA = ("sanguo",)
@@ -119,12 +119,6 @@ class RunConfig:
             overrides = {("strategy." + k.removeprefix("training.strategy.") if k.startswith("training.strategy.")
                           else k): v for k, v in (overrides or {}).items()}
         return cls.from_dict(apply_overrides(raw, overrides or {}, "override"))
-
-    def to_tables(self) -> dict[str, Any]:
-        """The run file form (``[model]`` with the overrides beside the name)."""
-        data = to_dict(self)
-        data["model"] = self.model.table()
-        return data
 
 
 def build_datasets(data: DataConfig, output_dir: str | Path):

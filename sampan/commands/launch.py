@@ -36,7 +36,7 @@ def register(subparsers) -> None:
         "nproc_per_node", "node_rank", "rdzv_endpoint", "rdzv_id", "max_restarts", "log_dir", "master_addr",
         "master_port", "local_addr")}
     add_dataclass_args(launch, LaunchConfig, positional={"script": None, "script_args": argparse.REMAINDER},
-                       flags={**flags, "module": ("-m", "--module")}, switches=("module", "standalone"),
+                       flags={**flags, "module": ("-m", "--module")},
                        metavars={"nproc_per_node": "N", "nnodes": "M", "node_rank": "R", "rdzv_endpoint": "HOST:PORT",
                                  "rdzv_id": "ID", "max_restarts": "K", "master_addr": "HOST", "master_port": "PORT",
                                  "local_addr": "ADDR", "log_dir": "DIR", "script": "SCRIPT", "script_args": "ARGS"})

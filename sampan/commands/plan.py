@@ -63,32 +63,15 @@ def run(args: argparse.Namespace) -> int:
     options = dataclass_from_args(PlanOptions, args)
     if options.from_run is not None:
         return _run_from_run(options)
+    from sampan.planner.job import plan_job
     from sampan.planner.model_shape import load_model
     from sampan.planner.report import print_table, run_file_text, to_json, write_run_file
-    from sampan.planner.search import check_fixed_layout, check_inputs, evaluate, search
 
     job = options.job
-    if job.gpus is None:
-        raise ValueError("--gpus is required (total GPUs of the cluster to plan for), e.g. --gpus 1024")
     model = load_model(job.model, options.model_shape)
     hw = options.gpu.resolve()
     work = job.workload()
-    result = None
-    if job.fix is not None:
-        check_inputs(model, job.gpus, work, hw)
-        layout = job.layout()
-        check_fixed_layout(model, layout, work)
-        plans = [evaluate(model, layout, work, hw)]
-    else:
-        result = search(model, job.gpus, work, hw, top=options.top)
-        plans = result.plans
-        if not plans:
-            need = result.best_unfitting
-            msg = f"no layout of {model.name} fits in {hw.memory_gb:g} GB per GPU on {job.gpus} GPUs"
-            if need is not None:
-                msg += (f"; the leanest ({need.layout.label()}, recompute {need.layout.recompute}, micro-batch "
-                        f"{need.layout.micro_batch}) needs {need.memory.total / 1e9:.1f} GB: add GPUs or memory")
-            raise ValueError(msg)
+    plans, result = plan_job(model, job, hw, options.top)
     if options.output.json:
         print(json.dumps(to_json(model, hw, work, job.gpus, plans, result), indent=2))
     else:

@@ -11,8 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import time
-from typing import Any, Literal
+from typing import Literal
 
 from sampan.commands import arguments_later, set_handler
 from sampan.planner.job import GpuChoice, Job
@@ -53,8 +52,6 @@ class SimulateOptions:
     def __post_init__(self) -> None:
         resolve_nested(self)
         self.ranks = [int(r) for r in self.ranks]
-        if (self.job.fix is None) == (self.strategy is None):
-            raise ValueError("give the layout with --fix dp=..,mp=..,pp=.. or --strategy JSON_OR_FILE (one of them)")
         if self.processes < 1:
             raise ValueError(f"--processes must be >= 1, got {self.processes}")
 
@@ -74,82 +71,15 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
                        metavars={"job.fix": FIX_METAVAR, "strategy": "JSON_OR_FILE", "ranks": "RANK"})
 
 
-def read_strategy(text: str) -> dict[str, Any]:
-    """``--strategy``: inline JSON, or a config file whose ``[strategy]`` table (or whole body) it is."""
-    from pathlib import Path
-
-    from sampan.utils.config_files import load_config_file, parse_config_text
-
-    if text.strip().startswith("{"):
-        data = parse_config_text(text, ".json", "--strategy")
-    elif Path(text).is_file():
-        data = load_config_file(text)
-        data = data.get("strategy", data)
-    else:
-        raise ValueError(f"--strategy {text!r} is neither a JSON object nor a file")
-    if not isinstance(data, dict):
-        raise ValueError("--strategy must be a JSON object of DistributedStrategy sections")
-    return data
-
-
 def run(args: argparse.Namespace) -> int:
+    from sampan.planner.report import print_simulation
+    from sampan.planner.simulation import simulate_job
     from sampan.utils.flags import dataclass_from_args
 
     options = dataclass_from_args(SimulateOptions, args)
-    job = options.job
-    from sampan.distributed.strategy import DistributedStrategy
-    from sampan.models.registry import list_models
-    from sampan.planner.model_shape import load_config, shape_from_config
-    from sampan.planner.report import print_simulation
-    from sampan.planner.simulation import compare_with_plan, strategy_layout, verdict
-
-    amp = not job.fp32
-    work = job.workload()
-    name, config = load_config(job.model)
-    registered = job.model in list_models()
-    shape = shape_from_config(name, config, registered=job.model if registered else None)
-    if job.fix is not None:
-        strategy = job.layout().to_strategy(amp=work.amp)
-    else:
-        strategy = DistributedStrategy.from_dict(read_strategy(options.strategy))
-        strategy.amp = work.amp
-    degrees = strategy.resolve_degrees(job.gpus)
-    strategy.check_precision()
-    layout = strategy_layout(strategy.to_dict(), degrees, job.global_batch, amp)
-    if degrees["cp"] > 1:
-        from sampan.distributed.context_parallel import check_sequence
-
-        check_sequence(work.seq_len, degrees["cp"])
-    overrides: dict[str, Any] = {}
-    vocab = shape.padded_vocab(degrees["mp"])
-    if vocab != config.vocab_size:  # as `sampan plan --write-strategy` pads it
-        overrides["vocab_size"] = vocab
-    try:
-        strategy.validate_for_model(config.num_heads, config.num_layers, vocab, degrees,
-                                    num_kv_heads=getattr(config, "num_kv_heads", None))
-    except ValueError as err:
-        raise ValueError(str(err).replace(":\n  - ", ": ").replace("\n  - ", "; ")) from None
-    if work.seq_len > config.max_position_embeddings:
-        raise ValueError(f"--seq-len {work.seq_len} exceeds {job.model}'s max_position_embeddings "
-                         f"{config.max_position_embeddings}")
-    bad = [r for r in options.ranks if not 0 <= r < job.gpus]
-    if bad:
-        raise ValueError(f"--rank {bad[0]} is outside 0..{job.gpus - 1}")
-
-    from sampan.distributed.simulate import simulate
-
-    start = time.perf_counter()
-    results = simulate(job.model if registered else config.to_dict(), strategy, job.gpus, job.global_batch,
-                       work.seq_len, ranks=options.ranks or None, stages=options.pipeline_stages,
-                       num_micro=options.micro_batches_run, amp=amp, processes=options.processes,
-                       model_overrides=overrides or None)
-    rows = compare_with_plan(results, shape, layout, work)
-    report = {"model": name, "parameters": config.num_parameters(), "gpus": job.gpus,
-              "layout": layout.to_dict(), "label": layout.label(), "seq_len": work.seq_len,
-              "global_batch": job.global_batch, "amp": work.amp, "model_overrides": overrides, "ranks": rows,
-              **verdict(rows, options.gpu.resolve().memory_gb), "wall_seconds": time.perf_counter() - start,
-              "method": "fleet's real code on one rank at a time: torch's fake process group + FakeTensorMode "
-                        "(docs/scale.md)"}
+    report = simulate_job(options.job, options.strategy, options.gpu.resolve().memory_gb, ranks=options.ranks,
+                          stages=options.pipeline_stages, num_micro=options.micro_batches_run,
+                          processes=options.processes)
     if options.output.json:
         print(json.dumps(report, indent=2))
     else:

@@ -36,6 +36,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sampan.utils.flags import SWITCH
+
 NPROC_WORDS = ("auto", "cpu", "gpu")
 
 
@@ -97,9 +99,9 @@ class LaunchConfig:
     rdzv_endpoint: str | None = None
     rdzv_id: str | None = None
     max_restarts: int = 0
-    standalone: bool = False
+    standalone: bool = field(default=False, metadata={SWITCH: True})
     log_dir: str | None = None
-    module: bool = False
+    module: bool = field(default=False, metadata={SWITCH: True})  # -m SCRIPT: SCRIPT is not the bool
     local_addr: str | None = None
     master_addr: str | None = None
     master_port: int | None = None

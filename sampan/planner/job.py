@@ -95,4 +95,29 @@ class GpuChoice:
         return get_hardware(self.hardware, **self.overrides())
 
 
-__all__ = ["DEFAULT_SEQ_LEN", "FIX_METAVAR", "GpuChoice", "Job"]
+def plan_job(model, job: Job, hw: Hardware, top: int = 10):
+    """``sampan plan``'s answer: the priced ``--fix`` layout, or the ``top`` layouts the search
+    finds, as ``(plans, search result or None)``. A job that fits in no layout is an error naming
+    the leanest layout and what it needs."""
+    from sampan.planner.search import check_fixed_layout, check_inputs, evaluate, search
+
+    if job.gpus is None:
+        raise ValueError("--gpus is required (total GPUs of the cluster to plan for), e.g. --gpus 1024")
+    work = job.workload()
+    if job.fix is not None:
+        check_inputs(model, job.gpus, work, hw)
+        layout = job.layout()
+        check_fixed_layout(model, layout, work)
+        return [evaluate(model, layout, work, hw)], None
+    result = search(model, job.gpus, work, hw, top=top)
+    if not result.plans:
+        need = result.best_unfitting
+        msg = f"no layout of {model.name} fits in {hw.memory_gb:g} GB per GPU on {job.gpus} GPUs"
+        if need is not None:
+            msg += (f"; the leanest ({need.layout.label()}, recompute {need.layout.recompute}, micro-batch "
+                    f"{need.layout.micro_batch}) needs {need.memory.total / 1e9:.1f} GB: add GPUs or memory")
+        raise ValueError(msg)
+    return result.plans, result
+
+
+__all__ = ["DEFAULT_SEQ_LEN", "FIX_METAVAR", "GpuChoice", "Job", "plan_job"]

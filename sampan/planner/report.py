@@ -14,8 +14,11 @@ from sampan.planner.simulation import COMPONENTS, GB
 from sampan.utils.atomic import atomic_write
 
 
-def _gb(nbytes: float) -> str:
-    return f"{nbytes / 1e9:.1f}"
+def _gb(nbytes: float | None, unit: float = GB, fmt: str = ".1f") -> str:
+    """Bytes in ``unit`` (GB by default) as ``fmt`` gives them; "-" for a figure that is not there."""
+    if nbytes is None or (isinstance(nbytes, float) and math.isnan(nbytes)):
+        return "-"
+    return f"{nbytes / unit:{fmt}}"
 
 
 def plan_row(plan: Plan) -> dict[str, Any]:
@@ -205,7 +208,7 @@ def write_run_file(path: str | Path, text: str) -> Path:
 
 
 def _sim_gb(n: float | None, unit: float = GB) -> str:
-    return "-" if n is None or (isinstance(n, float) and math.isnan(n)) else f"{n / unit:,.2f}"
+    return _gb(n, unit, ",.2f")
 
 
 def print_simulation(report: dict[str, Any]) -> None:

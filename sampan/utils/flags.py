@@ -276,9 +276,8 @@ def add_dataclass_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup
                        aliases: Mapping[str, Sequence[str]] | None = None, required: Iterable[str] = (),
                        choices: Mapping[str, Sequence[Any]] | None = None,
                        metavars: Mapping[str, str] | None = None, positional: Mapping[str, Any] | None = None,
-                       consts: Mapping[str, tuple[str, Any, str]] | None = None, default: Any = None,
-                       switches: Iterable[str] = (), fanout: Mapping[str, Sequence[str]] | None = None,
-                       overrides_only: bool = False) -> list[str]:
+                       consts: Mapping[str, tuple[str, Any, str]] | None = None,
+                       fanout: Mapping[str, Sequence[str]] | None = None, overrides_only: bool = False) -> list[str]:
     """Add one flag per settable field of dataclass ``cls``'s tree (nested configs included, see
     ``sampan.utils.config``) and return the fields' dotted paths; each flag's ``dest`` is its path.
 
@@ -288,25 +287,24 @@ def add_dataclass_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup
     of a flattened nesting); ``aliases`` adds more (``{"training.learning_rate": ("--lr",)}``);
     ``required`` makes flags required (a field without a default always is); ``choices`` and
     ``metavars`` are argparse's; ``positional`` makes fields positional arguments, the value
-    being argparse's ``nargs`` (None: exactly one); ``switches`` are bool fields whose flag takes no
-    value (``-m SCRIPT`` must not read SCRIPT as the bool); ``fanout`` adds flags that set several
-    fields of one type at once (the demo's ``--device`` sets every stage's); ``consts`` adds flags that store a constant
-    into a field (``{"--fp32": ("workload.amp", None, "help")}``); ``exclude`` skips fields (a
-    nested field's name skips its whole subtree). ``default``: an instance whose values are the
-    defaults (else the class's own). ``overrides_only``: no defaults at all, so only the flags given
-    land in the namespace (``overrides_from_args``), for a verb whose file holds the rest.
+    being argparse's ``nargs`` (None: exactly one); ``fanout`` adds flags that set several fields of
+    one type at once (the demo's ``--device`` sets every stage's); ``consts`` adds flags that store a
+    constant into a field (``{"--resume": ("training.resume_from_checkpoint", "auto", "help")}``);
+    ``exclude`` skips fields (a nested field's name skips its whole subtree). ``overrides_only``: no
+    defaults at all, so only the flags given land in the namespace (``overrides_from_args``), for a
+    verb whose file holds the rest. A field's metadata may ask for ``REPEAT`` (one item per flag)
+    or ``SWITCH`` (a bool flag that takes no value).
     """
     from sampan.utils.config import leaves, owned_paths
 
     flags, aliases = dict(flags or {}), dict(aliases or {})
     choices, metavars, positional = dict(choices or {}), dict(metavars or {}), dict(positional or {})
-    exclude, required, switches = set(exclude), set(required), set(switches)
-    all_leaves = list(leaves(cls, default))
+    exclude, required = set(exclude), set(required)
+    all_leaves = list(leaves(cls))
     paths = {leaf.path for leaf in all_leaves}
     prefixes = {p.rsplit(".", i)[0] for p in paths for i in range(p.count(".") + 1)}
     targets = {c[0] for c in (consts or {}).values()} | {p for ps in (fanout or {}).values() for p in ps}
-    unknown = ((exclude | required | switches | set(flags) | set(aliases) | set(choices) | set(metavars)
-                | set(positional))
+    unknown = ((exclude | required | set(flags) | set(aliases) | set(choices) | set(metavars) | set(positional))
                - prefixes) | (targets - paths)
     if unknown:
         raise TypeError(f"{cls.__name__} has no fields {sorted(unknown)}")
@@ -349,7 +347,7 @@ def add_dataclass_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup
             continue
         names = list(flags.get(path, (_flag_name(leaf.flag_path),))) + list(aliases.get(path, ()))
         hidden = [n.replace("_", "-") for n in names if "." in n and "_" in n and n.replace("_", "-") not in names]
-        if kind.parse is None and (path in switches or leaf.field.metadata.get(SWITCH)):  # takes no value
+        if kind.parse is None and leaf.field.metadata.get(SWITCH):  # a bool flag that takes no value
             group.add_argument(*names, dest=path, action="store_true", default=value_default, help=text)
         elif kind.parse is None:  # bool: --x [BOOL]; --no-x for the undotted spellings
             group.add_argument(*names, dest=path, nargs="?", type=parse_bool, action=_BoolAction,
