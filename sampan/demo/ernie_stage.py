@@ -47,9 +47,9 @@ class ErnieStageConfig:
     pretrain: PretrainConfig = nested(PretrainConfig, **PRETRAIN_DEFAULTS)
 
     # Set by the stage itself, under the directory the demo gives it.
-    OWNED: ClassVar[dict[str, str]] = {"data.out": "the demo (<stage dir>/data)",
-                                       "pretrain.data": "the demo (the stage's data build)",
-                                       "pretrain.training.output_dir": "the demo (<stage dir>/run)"}
+    OWNED: ClassVar[dict[str, str]] = {"data.out": "set by the demo (<stage dir>/data)",
+                                       "pretrain.data": "set by the demo (the stage's data build)",
+                                       "pretrain.training.output_dir": "set by the demo (<stage dir>/run)"}
 
     def __post_init__(self) -> None:
         resolve_nested(self)

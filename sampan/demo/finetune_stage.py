@@ -49,8 +49,8 @@ class FinetuneStageConfig:
     compare_with_shipped: bool = True
 
     # Set by the stage itself: the base is the ERNIE stage's model, the output under the stage's directory.
-    OWNED: ClassVar[dict[str, str]] = {"finetune.model": "the demo (the ERNIE stage's model)",
-                                       "finetune.training.output_dir": "the demo (<stage dir>/model)"}
+    OWNED: ClassVar[dict[str, str]] = {"finetune.model": "set by the demo (the ERNIE stage's model)",
+                                       "finetune.training.output_dir": "set by the demo (<stage dir>/model)"}
 
     def __post_init__(self) -> None:
         resolve_nested(self)

@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any, ClassVar
 
 from sampan.trainer.arguments import TrainingArguments
-from sampan.utils.config import nested, resolve_nested
+from sampan.utils.config import nested, refuse_changes, resolve_nested
 
 TASKS = ("sentiment_analysis", "ner")
 METHODS = ("full", "lora", "adapter")
@@ -102,6 +102,12 @@ class FinetuneConfig:
             ``strategy`` are left at their defaults.
     """
 
+    # Trainer settings a fine-tune does not use (they get no flag, and setting one is an error).
+    OWNED: ClassVar[dict[str, str]] = {
+        "training.resume_from_checkpoint": "not used by a fine-tune (it keeps no checkpoints to resume from yet: "
+                                           "rerun it)",
+        "training.strategy": "not used by a fine-tune (it runs in one process: no hybrid-parallel strategy yet)",
+        "training.save_steps": "not used by a fine-tune (it keeps its best dev evaluation, not periodic checkpoints)"}
     # Keys of the flat form this config had before it nested TrainingArguments.
     RENAMED: ClassVar[dict[str, str]] = {
         "batch_size": "training.per_device_train_batch_size", "learning_rate": "training.learning_rate",
@@ -181,13 +187,7 @@ class FinetuneConfig:
             raise ValueError("FinetuneConfig.save='adapter' keeps only the weights that trained, but method='full' "
                              "with nothing in freeze trains every weight: use save='merged', method='lora' / "
                              "'adapter', or freeze some weights (e.g. freeze=('ernie.embeddings.word_embeddings',))")
-        unsupported = {"resume_from_checkpoint": "a fine-tune keeps no checkpoints to resume from yet: rerun it",
-                       "strategy": "fine-tuning runs in one process (no hybrid-parallel strategy yet)",
-                       "save_steps": "a fine-tune keeps its best dev evaluation, not periodic checkpoints"}
-        defaults = TrainingArguments(**TRAINING_DEFAULTS)
-        for name, why in unsupported.items():
-            if getattr(self.training, name) != getattr(defaults, name):
-                raise ValueError(f"FinetuneConfig.training.{name} is not used by a fine-tune ({why}); leave it unset")
+        refuse_changes(self)
 
     def config_overrides(self) -> dict[str, Any]:
         """The base-config fields this fine-tune changes (``build_task_model``'s ``overrides``)."""

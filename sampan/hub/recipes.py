@@ -36,7 +36,7 @@ from sampan.utils.paths import home, user_models_dir
 # Daily, 三国演义 and the reviews, a 6,000-word vocabulary, 128-token rows.
 DATA_DEFAULTS = dict(corpora=("news", "sanguo", "reviews"), vocab_size=6000, seq_len=128, workers=2, overwrite=True)
 # Where a recipe puts its data build and its run: under $SAMPAN_HOME/build, not in its settings.
-BUILD_OWNED = {"data.out": "the recipe ($SAMPAN_HOME/build/data-...: shared by the recipes that read it)"}
+BUILD_OWNED = {"data.out": "set by the recipe ($SAMPAN_HOME/build/data-...: shared by the recipes that read it)"}
 
 
 @dataclasses.dataclass
@@ -55,8 +55,8 @@ class ErnieRecipe:
         "pre_norm": "pretrain.model.overrides.pre_norm", "pack": "pretrain.pack", "mask_prob": "pretrain.mask.mask_prob",
         "corpora": "data.corpora", "vocab_size": "data.vocab_size", "seq_len": "data.seq_len", "max_docs": "data.max_docs"}
     OWNED: ClassVar[dict[str, str]] = {
-        **BUILD_OWNED, "pretrain.data": "the recipe (its data build)",
-        "pretrain.training.output_dir": "the recipe ($SAMPAN_HOME/build/ernie-tiny-zh)"}
+        **BUILD_OWNED, "pretrain.data": "set by the recipe (its data build)",
+        "pretrain.training.output_dir": "set by the recipe ($SAMPAN_HOME/build/ernie-tiny-zh)"}
 
     data: DataBuildConfig = nested(DataBuildConfig, **DATA_DEFAULTS)
     # 4,000 steps (about 5 passes over the rows): against 1,200, held-out char MLM accuracy 4.7% ->
@@ -98,8 +98,8 @@ TASK_RENAMED = {
         "method", "lora_rank", "lora_targets", "max_length", "max_train_examples", "max_eval_examples", "save",
         "freeze", "embedding_lora_rank", "embedding_lora_alpha", "augment_mentions", "augment_types",
         "tag_transitions", "pooling", "dropout")}}
-TASK_OWNED = {"finetune.task": "the recipe (its task)",
-              "finetune.training.output_dir": "the recipe ($SAMPAN_HOME/build/NAME)"}
+TASK_OWNED = {"finetune.task": "set by the recipe (its task)",
+              "finetune.training.output_dir": "set by the recipe ($SAMPAN_HOME/build/NAME)"}
 
 
 @dataclasses.dataclass
@@ -176,7 +176,7 @@ class GPTRecipe:
         "hidden_size": "model.overrides.hidden_size", "num_layers": "model.overrides.num_layers",
         "num_heads": "model.overrides.num_heads", "corpora": "data.corpora", "vocab_size": "data.vocab_size",
         "seq_len": "data.seq_len", "max_docs": "data.max_docs"}
-    OWNED: ClassVar[dict[str, str]] = {**BUILD_OWNED, "training.output_dir": "the recipe ($SAMPAN_HOME/build/gpt-zh)"}
+    OWNED: ClassVar[dict[str, str]] = {**BUILD_OWNED, "training.output_dir": "set by the recipe ($SAMPAN_HOME/build/gpt-zh)"}
 
     data: DataBuildConfig = nested(DataBuildConfig, **DATA_DEFAULTS)
     model: ModelChoice = nested(ModelChoice, name="gpt-tiny", overrides={"hidden_size": 256, "num_layers": 4,

@@ -200,19 +200,19 @@ def default_at(cls: type, dotted: str) -> Any:
     return node
 
 
-def refuse_changes(obj: Any, owned: Mapping[str, str] | None = None) -> None:
-    """Fields of nested configs that ``obj`` sets itself (a stage's output directory under the
-    demo's; ``owned``, by default the class's ``OWNED`` mapping from dotted path to who sets it):
-    each must still hold its default, or an error names it and who sets it."""
-    for dotted, why in (type(obj).OWNED if owned is None else owned).items():
+def refuse_changes(obj: Any) -> None:
+    """Fields of nested configs a user may not set here (the class's ``OWNED``, dotted path -> why,
+    e.g. "set by the demo (<stage dir>/data)" or "not used by a fine-tune (...)"): each must still
+    hold its default, or an error names it and why."""
+    for dotted, why in type(obj).OWNED.items():
         if get_path(obj, dotted) != default_at(type(obj), dotted):
-            raise ValueError(f"{type(obj).__name__}.{dotted} is set by {why}; leave it unset")
+            raise ValueError(f"{type(obj).__name__}.{dotted} is {why}; leave it unset")
 
 
-def owned_paths(cls: type, prefix: str = "") -> set[str]:
-    """The dotted paths in ``cls``'s tree that a config sets itself (``OWNED``, see
-    :func:`refuse_changes`): no flag is made for them."""
-    out = {prefix + path for path in getattr(cls, "OWNED", {})}
+def owned_paths(cls: type, prefix: str = "") -> dict[str, str]:
+    """The dotted paths in ``cls``'s tree a user may not set (``OWNED``, see :func:`refuse_changes`),
+    each with why: no flag is made for them."""
+    out = {prefix + path: why for path, why in getattr(cls, "OWNED", {}).items()}
     for field in dataclasses.fields(cls):
         nest = nesting(field)
         if nest is not None:

@@ -311,7 +311,7 @@ def add_dataclass_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup
     docs_of: dict[type, dict[str, str]] = {}
     groups: dict[str, Any] = {}
     added = []
-    owned = owned_paths(cls)  # set by a parent config itself (a stage's directory): no flag
+    owned = owned_paths(cls)  # set by a parent config itself, or not used: no flag
     for leaf in all_leaves:
         path = leaf.path
         if _matches(path, exclude) or path in owned:
@@ -474,7 +474,7 @@ def typed_assignments(cls: type, pairs: Iterable[str], flag: str) -> dict[str, A
     """``KEY=VALUE`` strings for ``cls``'s tree (``--set training.max_steps=100``) as nested dicts, each
     value typed by its field (a KEY inside a dict field, ``model.overrides.num_layers=2``, is read as
     YAML). Errors name the pair: an unknown key (with a close match, or the key it became: the
-    class's ``RENAMED``), a key the config sets itself (``OWNED``), a value of the wrong type."""
+    class's ``RENAMED``), a key the config does not let be set (``OWNED``), a value of the wrong type."""
     from sampan.utils.config import leaves, owned_paths, set_path
     from sampan.utils.names import did_you_mean
     from sampan.utils.settings import load_yaml, split_assignment
@@ -486,7 +486,7 @@ def typed_assignments(cls: type, pairs: Iterable[str], flag: str) -> dict[str, A
         key, raw = split_assignment(pair, flag, f"{next(iter(by_path))}=...")
         what = f"{flag} {pair!r}: {key}"
         if key in owned:
-            raise ValueError(f"{flag} {pair!r}: {key} is set by the recipe itself; leave it out")
+            raise ValueError(f"{flag} {pair!r}: {key} is {owned[key]}; leave it out")
         leaf = by_path.get(key)
         if leaf is not None:
             value = _typed(leaf.hint, raw, what, f"{key}={leaf.default}")
@@ -497,8 +497,8 @@ def typed_assignments(cls: type, pairs: Iterable[str], flag: str) -> dict[str, A
                 renamed = getattr(cls, "RENAMED", {})
                 if key in renamed:
                     raise ValueError(f"{flag} {pair!r}: {key} is now {renamed[key]} ({flag} {renamed[key]}={raw})")
-                keys = sorted({p.split(".")[0] + (".*" if "." in p else "") for p in set(by_path) - owned})
-                raise ValueError(f"{flag} {pair!r}: {did_you_mean(key, set(by_path) - owned)}expected KEY=VALUE "
+                keys = sorted({p.split(".")[0] + (".*" if "." in p else "") for p in set(by_path) - set(owned)})
+                raise ValueError(f"{flag} {pair!r}: {did_you_mean(key, set(by_path) - set(owned))}expected KEY=VALUE "
                                  f"with KEY a field of {cls.__name__}: {', '.join(keys)}")
             value = load_yaml(raw) if raw else ""
         set_path(tree, key, value, flag)
