@@ -19,7 +19,9 @@ def lazy_exports(package: str, exporters: Mapping[str, str]) -> Callable[[str], 
 
     def __getattr__(name: str) -> Any:
         if name in exporters:
-            value = getattr(importlib.import_module(exporters[name]), name)
+            module = importlib.import_module(exporters[name])
+            # ``{"fleet": "pkg.fleet"}`` exports the submodule itself
+            value = module if module.__name__ == f"{package}.{name}" else getattr(module, name)
             setattr(sys.modules[package], name, value)
             return value
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
