@@ -122,6 +122,9 @@ def test_literals_are_choices_and_scalars_keep_their_type():
         _parse("--mode", "medium")
     knobs = _parse("--steps", "5", "--rate", "0.1")
     assert knobs.steps == 5 and knobs.rate == 0.1 and isinstance(knobs.rate, float)
+    assert _parse("--steps", "1e3").steps == 1000  # as --set reads it; a fraction is refused, not cut
+    with pytest.raises(argparse.ArgumentError, match="invalid int value: '2.5'"):
+        _parse("--steps", "2.5")
 
 
 def test_help_comes_from_the_docstring_with_the_default():

@@ -109,11 +109,21 @@ def _named(fn: Callable[[str], Any], name: str) -> Callable[[str], Any]:
     return fn
 
 
+def _number(tp: type) -> Callable[[str], Any]:
+    """``int`` / ``float`` from text as ``--set`` reads them too (``sampan.utils.settings.coerce``):
+    ``1e3`` is the int 1000, ``2.5`` is refused for an int rather than cut."""
+    from sampan.utils.settings import coerce
+
+    return _named(lambda text: coerce(text, tp(0), tp.__name__), tp.__name__)
+
+
 def _scalar(tp: Any) -> Callable[[str], Any] | None:
     if tp is bool:
         return parse_bool
-    if tp in (int, float, str):
-        return tp
+    if tp in (int, float):
+        return _number(tp)
+    if tp is str:
+        return str
     return None
 
 
@@ -122,7 +132,7 @@ def _kind(tp: Any, where: str) -> _Kind:
     if tp is bool:
         return _Kind(None, lambda v: "true" if v else "false")
     if tp in (int, float, str):
-        return _Kind(tp, lambda v: repr(v) if v == "" else str(v))
+        return _Kind(_scalar(tp), lambda v: repr(v) if v == "" else str(v))
     if origin is typing.Literal:
         return _Kind(_named(lambda s: type(args[0])(s), type(args[0]).__name__), str, choices=tuple(args))
     if origin in (typing.Union, types.UnionType) and type(None) in args and len(args) == 2:
