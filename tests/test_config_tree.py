@@ -263,3 +263,29 @@ def test_the_verbs_use_only_public_names():
                 continue
             found += [f"{path.name}:{node.lineno}: {n}" for n in names if private(n)]
     assert found == []
+
+
+def test_the_flag_forms_docs_configuration_md_promises(tmp_path):
+    """Dashed nested flags, a run file's fields as flags of `sampan train`, and the demo's --device
+    that sets every stage's."""
+    from sampan.demo import DemoConfig
+    from sampan.pretraining.config import PretrainConfig
+    from sampan.runfile import RunConfig
+    from sampan.utils.flags import dataclass_from_args, overrides_from_args
+
+    parser = cli.build_parser()
+    config = dataclass_from_args(PretrainConfig, parser.parse_args(["pretrain", "--data", "d",
+                                                                    "--training.max-steps", "7"]))
+    assert config.training.max_steps == 7
+    run = tmp_path / "run.toml"
+    run.write_text('[model]\nname = "gpt-tiny"\nnum_layers = 2\n[training]\nmax_steps = 300\n')
+    args = parser.parse_args(["train", "--config", str(run), "--training.max_steps", "5", "--model.overrides",
+                              "hidden_size=64", "--data.seq_len", "32"])
+    assert overrides_from_args(RunConfig, args) == {"training.max_steps": 5, "model.overrides": {"hidden_size": 64},
+                                                    "data.seq_len": 32}  # only what was given
+    loaded = RunConfig.from_file(run, overrides_from_args(RunConfig, args))
+    assert (loaded.training.max_steps, loaded.data.seq_len) == (5, 32)
+    assert loaded.model.overrides == {"num_layers": 2, "hidden_size": 64}  # the file's kept beside the flag's
+    demo = dataclass_from_args(DemoConfig, parser.parse_args(["demo", "--device", "cpu"]))
+    assert {demo.gpt.training.device, demo.ernie.pretrain.training.device,
+            demo.sentiment.finetune.training.device} == {"cpu"}
