@@ -16,6 +16,9 @@ modules at inference (2 x 2 x h x m parameters per layer).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -52,16 +55,41 @@ class AdaptedLinear(nn.Linear):
         return self.adapter(F.linear(x, self.weight, self.bias))
 
 
-def apply_adapters(model: nn.Module, size: int, within: str = "ernie.layers.") -> list[str]:
-    """Wrap every ``out_proj`` and ``fc2`` linear under ``within`` with an adapter; returns their names."""
+def apply_adapters(model: nn.Module, size: int, within: str = "ernie.layers.",
+                   points: tuple[str, ...] = ADAPTER_POINTS) -> list[str]:
+    """Wrap every linear under ``within`` whose last name part is in ``points`` (default: sampan's
+    ``out_proj`` and ``fc2``; a Llama decoder's are ``o_proj`` and ``down_proj``) with an adapter;
+    returns their names."""
     if size <= 0:
         raise ValueError(f"adapter size must be > 0, got {size}")
     names = [name for name, module in model.named_modules()
-             if type(module) is nn.Linear and name.startswith(within) and name.rpartition(".")[2] in ADAPTER_POINTS]
+             if type(module) is nn.Linear and name.startswith(within) and name.rpartition(".")[2] in points]
     if not names:
-        raise ValueError(f"no {list(ADAPTER_POINTS)} linear layers under {within!r}: adapters need sampan's "
-                         "TransformerBlock (attn.out_proj, mlp.fc2)")
+        raise ValueError(f"no {list(points)} linear layers under {within!r}: adapters go after each block's "
+                         "attention output and feed-forward output projections")
     for name in names:
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name), child, AdaptedLinear(model.get_submodule(name), size))
     return names
+
+
+@contextlib.contextmanager
+def without_adapters(model: nn.Module) -> Iterator[nn.Module]:
+    """``model`` with each ``AdaptedLinear`` swapped for a plain linear sharing its weight and bias
+    while the block runs (the base with whatever else trained, e.g. norms), then swapped back: what
+    ``save_pretrained(format="hf")`` can write, since Hugging Face has no bottleneck adapter."""
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, AdaptedLinear)}
+
+    def put(name: str, module: nn.Module) -> None:
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, module)
+
+    try:
+        for name, layer in layers.items():
+            plain = nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None, device="meta")
+            plain.weight, plain.bias = layer.weight, layer.bias  # shared, not copied
+            put(name, plain)
+        yield model
+    finally:
+        for name, layer in layers.items():
+            put(name, layer)

@@ -132,3 +132,29 @@ def save_peft_adapter(model: nn.Module, adapter_dir: str | os.PathLike, base_dir
         save_file(tensors, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt", "producer": "sampan"})
         (tmp / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return Path(adapter_dir)
+
+
+def load_peft_adapter(model: nn.Module, adapter_dir: str | os.PathLike) -> int:
+    """Load a peft LoRA adapter (``adapter_model.safetensors``, as :func:`save_peft_adapter` writes it
+    or peft saves it) into ``model``'s LoRA layers, matched by their Hugging Face module names;
+    returns how many layers were filled. A LoRA layer the file lacks is an error naming it."""
+    import torch
+    from safetensors.torch import load_file
+
+    layers = lora_layers(model)
+    if not layers:
+        raise ValueError("the model has no LoRA layers to load into: apply_lora with the adapter's targets first")
+    path = Path(adapter_dir) / ADAPTER_WEIGHTS
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: {adapter_dir} is not a peft adapter directory")
+    hf_names = _hf_module_names(model, sorted(layers))
+    tensors = load_file(str(path))
+    with torch.no_grad():
+        for name, layer in layers.items():
+            prefix = f"base_model.model.{hf_names[name]}"
+            for part in ("lora_A", "lora_B"):
+                key = f"{prefix}.{part}.weight"
+                if key not in tensors:
+                    raise ValueError(f"{path} lacks {key} (LoRA layer {name})")
+                getattr(layer, part).copy_(tensors[key])
+    return len(layers)

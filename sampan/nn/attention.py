@@ -47,6 +47,29 @@ def build_attention_mask(
     return mask, False
 
 
+def build_segment_mask(segment_ids: torch.Tensor, padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """A block-diagonal causal mask for packed rows: ``[b, 1, s, s]`` bool, True = "may attend".
+
+    ``segment_ids [b, s]`` numbers the sequences packed into each row (equal ids = one sequence,
+    which must be contiguous); a token attends to the earlier tokens of its own sequence only, so
+    several conversations share a row without seeing each other. ``padding_mask [b, s]`` (1 = real)
+    also hides padding keys; a padding query then sees only itself (never NaN), and is never read.
+    """
+    if segment_ids.dim() != 2:
+        raise ValueError(f"segment_ids must be [batch, seq_len], got shape {tuple(segment_ids.shape)}")
+    s = segment_ids.shape[1]
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]
+    causal = torch.ones(s, s, dtype=torch.bool, device=segment_ids.device).tril()
+    mask = same & causal
+    if padding_mask is not None:
+        if padding_mask.shape != segment_ids.shape:
+            raise ValueError(f"attention_mask shape {tuple(padding_mask.shape)} must equal segment_ids shape "
+                             f"{tuple(segment_ids.shape)} in a packed batch")
+        mask = mask & padding_mask.bool()[:, None, :]
+        mask = mask | torch.eye(s, dtype=torch.bool, device=segment_ids.device)
+    return mask[:, None]
+
+
 def default_position_ids(attention_mask: torch.Tensor | None, seq_len: int, past: int,
                          device: torch.device) -> torch.Tensor:
     """Positions of the ``seq_len`` new tokens after ``past`` cached ones.

@@ -18,7 +18,7 @@ from sampan.models.llama.config import LlamaConfig
 from sampan.models.losses import next_token_count, next_token_loss
 from sampan.models.pretrained import PretrainedModel
 from sampan.nn import KVCache, Layer, build_attention_mask
-from sampan.nn.attention import default_position_ids
+from sampan.nn.attention import build_segment_mask, default_position_ids
 from sampan.nn.mlp import ACTIVATIONS
 from sampan.nn.rms_norm import RMSNorm
 from sampan.nn.rope import RotaryEmbedding, apply_rotary
@@ -135,19 +135,27 @@ class LlamaModel(Layer, PretrainedModel):
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         kv_cache: KVCache | None = None,
+        segment_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``input_ids [b, s]`` -> hidden states ``[b, s, h]``.
 
         ``attention_mask [b, past + s]`` marks real tokens (1) and padding (0); with left padding
         the positions are counted from each row's first real token. ``kv_cache`` holds the keys
         and values of earlier calls, so a decoding step only feeds the newest token. Without a
-        padding mask attention takes SDPA's causal (flash) path.
+        padding mask attention takes SDPA's causal (flash) path. ``segment_ids [b, s]`` marks
+        packed sequences (``build_segment_mask``): attention stays inside each one; give
+        ``position_ids`` restarting at 0 per sequence with it.
         """
         seq_len = input_ids.shape[1]
         past = kv_cache.seq_len() if kv_cache is not None else 0
         if position_ids is None:
             position_ids = default_position_ids(attention_mask, seq_len, past, input_ids.device)
-        mask, is_causal = build_attention_mask(attention_mask, seq_len, past + seq_len, causal=True)
+        if segment_ids is not None:
+            if kv_cache is not None:
+                raise ValueError("segment_ids (packed sequences) are for training and scoring, not for a KV cache")
+            mask, is_causal = build_segment_mask(segment_ids, attention_mask), False
+        else:
+            mask, is_causal = build_attention_mask(attention_mask, seq_len, past + seq_len, causal=True)
         x = self.embed_tokens(input_ids)
         rotary = self.rotary(position_ids, x.dtype)
         for i, layer in enumerate(self.layers):
@@ -182,13 +190,16 @@ class LlamaForCausalLM(Layer, PretrainedModel, GenerationMixin):
         position_ids: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         kv_cache: KVCache | None = None,
+        segment_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits ``[b, s, vocab]``, or with ``labels`` the mean next-token loss.
 
         ``labels`` are aligned with ``input_ids`` (usually a copy of them); the model shifts them
-        so position ``t`` predicts token ``t + 1``. Label -100 is ignored.
+        so position ``t`` predicts token ``t + 1``. Label -100 is ignored. ``segment_ids`` packs
+        several sequences into a row (see ``LlamaModel.forward``); each one's first label must be
+        -100, so no sequence predicts the next one's first token.
         """
-        hidden = self.model(input_ids, attention_mask, position_ids, kv_cache)
+        hidden = self.model(input_ids, attention_mask, position_ids, kv_cache, segment_ids)
         if labels is None:
             return self.lm_head(hidden)
         return next_token_loss(self.lm_head, hidden, labels, input_ids)
