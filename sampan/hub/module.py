@@ -32,6 +32,8 @@ MODULES: dict[str, ModuleSpec] = {spec.name: spec for spec in (
                "PER / LOC / ORG entities with offsets; .ner(texts=[...])"),
     ModuleSpec("jieba", "word_segmentation", "jieba", "word segmentation; .cut(text=...)"),
     ModuleSpec("poetry_gen", "poetry_generation", "gpt-zh", "regulated verse in 5 or 7 characters; .generate(text=...)"),
+    ModuleSpec("chat-zh-tiny", "chat", "chat-zh-tiny",
+               "a small Chinese chat model (poems, entities, sentiment, segmentation, 三国演义); .chat(messages)"),
 )}
 
 
@@ -80,6 +82,18 @@ class Module:
 
     def cut(self, text: str | list[str]) -> list[str] | list[list[str]]:
         return self._require("word_segmentation")._one_or_many(text, "words")
+
+    def chat(self, messages: Any, **generation: Any) -> str | list[str]:
+        """The reply text to ``messages``: OpenAI-style ``[{"role": "system" | "user" | "assistant",
+        "content": ...}]`` or a plain string (one user message); a list of conversations gives a list
+        of replies. ``generation`` sets ``max_tokens``, ``temperature`` (0 = greedy), ``top_p``,
+        ``top_k``, ``seed`` and ``repetition_penalty`` for this call."""
+        from sampan.taskflow.chat import conversations
+
+        task = self._require("chat")._flow.task
+        _, single = conversations(messages)
+        replies = [r["reply"] for r in task.reply(messages, **generation)]
+        return replies[0] if single else replies
 
     def _require(self, task: str) -> Module:
         if self.spec.task != task:

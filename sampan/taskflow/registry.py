@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from sampan.taskflow.chat import Chat
 from sampan.taskflow.fill_mask import FillMask
 from sampan.taskflow.generation import PoetryGeneration, TextGeneration
 from sampan.taskflow.ner import NER
@@ -10,7 +11,7 @@ from sampan.taskflow.sentiment import SentimentAnalysis
 from sampan.taskflow.task import Task
 
 TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (
-    SentimentAnalysis, NER, WordSegmentation, TextGeneration, PoetryGeneration, FillMask)}
+    SentimentAnalysis, NER, WordSegmentation, TextGeneration, PoetryGeneration, FillMask, Chat)}
 
 
 def task_class(name: str) -> type[Task]:

@@ -338,6 +338,33 @@ def _is_chat_build(directory: Path) -> bool:
         return False
 
 
+# The chat template of a model on sampan's WordPiece tokenizer (chat-zh-tiny): role names written
+# as text, [SEP] ending each turn (the eos a reply stops at), [CLS] opening the conversation. The
+# assistant's turn is marked {% generation %} so a trainer can find the tokens its loss counts.
+WORDPIECE_CHAT_TEMPLATE = (
+    "[CLS]{% for message in messages %}"
+    "{% if message['role'] == 'system' %}系统：{{ message['content'] }}[SEP]"
+    "{% elif message['role'] == 'user' %}用户：{{ message['content'] }}[SEP]"
+    "{% elif message['role'] == 'assistant' %}助手：{% generation %}{{ message['content'] }}[SEP]{% endgeneration %}"
+    "{% else %}{{ raise_exception('unknown role ' ~ message['role'] ~ '; roles are system, user, assistant') }}"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}助手：{% endif %}")
+
+
+def save_chat_tokenizer(tokenizer: Any, directory: str | Path, model_max_length: int | None = None) -> Any:
+    """Save sampan's WordPiece ``tokenizer`` (a ``ChineseTokenizer``) into ``directory`` as a Hugging
+    Face tokenizer with ``WORDPIECE_CHAT_TEMPLATE`` and ``[SEP]`` as its eos; returns it loaded back
+    (a ``PretrainedTokenizer``)."""
+    from sampan.text.pretrained_tokenizer import CONFIG_FILE, PretrainedTokenizer
+    from sampan.utils.atomic import atomic_write
+
+    tokenizer.save_pretrained(directory, model_max_length=model_max_length)
+    path = Path(directory) / CONFIG_FILE
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config.update(eos_token="[SEP]", chat_template=WORDPIECE_CHAT_TEMPLATE)
+    atomic_write(path, json.dumps(config, ensure_ascii=False, indent=2) + "\n")
+    return PretrainedTokenizer.from_pretrained(directory)
+
+
 def read_records(path: str | Path) -> list[dict[str, Any]]:
     """The records of one JSONL file of the set (``train.jsonl`` / ``test.jsonl``)."""
     with Path(path).open(encoding="utf-8") as f:
@@ -345,5 +372,5 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
 
 
 __all__ = ["ChatDataConfig", "ENTITY_NAMES", "NO_ENTITY", "POEM_FORMS", "SENTIMENT_WORDS", "TASKS",
-           "build_chat_data", "build_records", "entity_answer", "poem_form", "poem_lines", "read_records",
-           "task_items"]
+           "WORDPIECE_CHAT_TEMPLATE", "build_chat_data", "build_records", "entity_answer", "poem_form", "poem_lines",
+           "read_records", "save_chat_tokenizer", "task_items"]
