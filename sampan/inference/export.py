@@ -82,7 +82,8 @@ def _check_target(out: Path, overwrite: bool) -> None:
 def export_model(fn_or_layer: Callable | nn.Module, out_dir: str | os.PathLike[str], input_spec: Sequence[InputSpec],
                  *, overwrite: bool = False, output_names: Sequence[str] | None = None,
                  extra_files: Sequence[str | os.PathLike[str]] = (),
-                 verify: Callable[[Path], None] | None = None) -> Path:
+                 verify: Callable[[Path], None] | None = None,
+                 examples: Sequence[torch.Tensor] | None = None) -> Path:
     """Write an inference directory for ``fn_or_layer`` at ``out_dir`` through ``sampan.jit.save``.
 
     ``input_spec`` gives each tensor input's shape (None = dynamic), dtype and name. Dynamic
@@ -90,6 +91,8 @@ def export_model(fn_or_layer: Callable | nn.Module, out_dir: str | os.PathLike[s
     recorded in ``inference.json``. ``output_names`` renames the outputs (default ``output_i``);
     ``extra_files`` are copied in beside the model (tokenizer.json, task.json, ...); ``verify``
     is called on the finished temporary directory and may raise to abandon the export.
+    ``examples`` (one tensor per spec) are traced instead of tensors made from the specs
+    (``sampan.jit.save``), for inputs whose sizes are related.
 
     Atomic: everything is written into a temporary sibling directory that replaces ``out_dir`` by
     a rename only when complete, so a failure leaves nothing behind (and an existing ``out_dir``
@@ -104,7 +107,7 @@ def export_model(fn_or_layer: Callable | nn.Module, out_dir: str | os.PathLike[s
         if not path.is_file():
             raise FileNotFoundError(f"extra file {path} not found")
     with atomic_dir(out) as tmp:  # overwrite swaps the old directory out only once the new one is whole
-        save(fn_or_layer, tmp / MODEL_PREFIX, input_spec=input_spec)
+        save(fn_or_layer, tmp / MODEL_PREFIX, input_spec=input_spec, examples=examples)
         json_path = tmp / f"{MODEL_PREFIX}.json"
         meta = json.loads(json_path.read_text(encoding="utf-8"))
         _describe_dims(tmp, meta)

@@ -157,7 +157,8 @@ def _verifier(wrapper: nn.Module, n_inputs: int, device: str = "cpu"):
 
 def export_pretrained(model: nn.Module, out_dir: str | os.PathLike[str], *, task: str | None = None,
                       overwrite: bool = False, extra_files: tuple[str | os.PathLike[str], ...] = (),
-                      verify: bool = True, features: CharFeatures | None = None, verify_device: str = "cpu") -> Path:
+                      verify: bool = True, features: CharFeatures | None = None, verify_device: str = "cpu",
+                      decode_graphs: bool = True) -> Path:
     """Export one of sampan's models to an inference directory with dynamic batch and sequence.
 
     Encoder heads (ERNIE's) become ``(input_ids [B, S], attention_mask [B, S]) -> logits`` and
@@ -171,6 +172,10 @@ def export_pretrained(model: nn.Module, out_dir: str | os.PathLike[str], *, task
     ``task`` is recorded in ``inference.json`` under ``sampan_model``; ``extra_files`` are copied in.
     A model with pinyin / radical / stroke embeddings needs ``features`` (its ``features.json``):
     the graph looks each token's feature ids up itself, so its inputs stay the same two.
+    A causal LM also gets its prefill and one-step decode graphs with the KV cache as inputs and
+    outputs (``prefill/``, ``decode/``: ``sampan.inference.decode_export``), checked the same way,
+    which ``create_generator`` and Taskflow run in O(n) per new token; ``decode_graphs=False``
+    writes the full-window graph alone.
     """
     if any(p.device.type != "cpu" or (p.is_floating_point() and p.dtype != torch.float32)
            for p in model.parameters()):
@@ -183,21 +188,30 @@ def export_pretrained(model: nn.Module, out_dir: str | os.PathLike[str], *, task
     wrapper.eval()
     try:
         check = _verifier(wrapper, len(specs), verify_device) if verify else None
+        with_decode = decode_graphs and getattr(type(model), "head", None) in DECODER_HEADS
+        decoder = wrapper.model if with_decode else None
         out = export_model(wrapper, out_dir, specs, overwrite=overwrite, output_names=["logits"],
-                           extra_files=extra_files, verify=_then_record(check, model, task))
+                           extra_files=extra_files, verify=_then_record(check, model, task, decoder, verify_device))
     finally:
         model.train(training)
     return out
 
 
-def _then_record(check, model: nn.Module, task: str | None):
-    """Record the model's architecture, config and task in inference.json, then verify."""
+def _then_record(check, model: nn.Module, task: str | None, decoder: nn.Module | None = None,
+                 verify_device: str = "cpu"):
+    """Record the model's architecture, config and task in inference.json, then verify; with a
+    ``decoder`` (the float32 CPU causal LM), first write and check its decode graphs beside."""
 
     def step(directory: Path) -> None:
         path = directory / f"{MODEL_PREFIX}.json"
         meta: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
         meta["sampan_model"] = {"architecture": type(model).__name__, "task": task,
                                 "config": model.config.to_dict()}
+        if decoder is not None:
+            from sampan.inference.decode_export import export_decode_graphs
+
+            devices = verify_devices(verify_device) if check is not None else None
+            meta["decode_graphs"] = export_decode_graphs(decoder, directory, verify=check is not None, devices=devices)
         path.write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         if check is not None:
             check(directory)

@@ -83,7 +83,8 @@ def _param_names(static: StaticFunction) -> list[str]:
     return params[1:] if static._instance is not None else params
 
 
-def _inputs(static: StaticFunction, input_spec: Sequence[InputSpec] | None):
+def _inputs(static: StaticFunction, input_spec: Sequence[InputSpec] | None,
+            examples: Sequence[torch.Tensor] | None = None):
     """(layout, example tensors, specs) for the export."""
     names = _param_names(static)
     if input_spec is None and static.input_spec is None and static.last_args is None:
@@ -97,8 +98,16 @@ def _inputs(static: StaticFunction, input_spec: Sequence[InputSpec] | None):
         specs = list(input_spec if input_spec is not None else static.input_spec)
         layout = [_TENSOR] * len(specs)
         last = [a for a in static.last_args or () if isinstance(a, torch.Tensor)]
-        fits = len(last) == len(specs) and all(s.matches(t) for s, t in zip(specs, last, strict=True))
-        examples = [t.detach() for t in last] if fits else [s.example(dynamic_size=3) for s in specs]
+        if examples is not None:
+            bad = [s.name or f"input {i}" for i, (s, t) in enumerate(zip(specs, examples, strict=False))
+                   if not s.matches(t)]
+            if len(examples) != len(specs) or bad:
+                raise ValueError(f"jit.save: the examples must fit input_spec one for one (got {len(examples)} for "
+                                 f"{len(specs)} specs; not fitting: {bad})")
+            examples = [t.detach() for t in examples]
+        else:
+            fits = len(last) == len(specs) and all(s.matches(t) for s, t in zip(specs, last, strict=True))
+            examples = [t.detach() for t in last] if fits else [s.example(dynamic_size=3) for s in specs]
     tensor_names = [n for n, fixed in zip(names, layout, strict=False) if fixed is _TENSOR]
     specs = [InputSpec(s.shape, s.dtype, s.name or (tensor_names[i] if i < len(tensor_names) else f"input_{i}"))
              for i, s in enumerate(specs)]
@@ -127,10 +136,14 @@ def _tensor_json(name: str, t: Any) -> dict:
 
 
 def save(function_or_layer: Callable | nn.Module, path: str | os.PathLike[str],
-         input_spec: Sequence[InputSpec] | None = None, onnx: bool = True) -> dict[str, Path]:
+         input_spec: Sequence[InputSpec] | None = None, onnx: bool = True,
+         examples: Sequence[torch.Tensor] | None = None) -> dict[str, Path]:
     """Export to ``path.pt2`` (torch.export), ``path.onnx`` (dynamo ONNX exporter) and ``path.json``.
 
-    ``onnx=False`` skips the ONNX file (the slower half of an export).
+    ``onnx=False`` skips the ONNX file (the slower half of an export). ``examples`` (one tensor per
+    ``input_spec`` entry) are what the function is traced on, for inputs whose sizes are related in
+    ways zero tensors of one size cannot show (a decode step's mask one longer than its cache);
+    by default they are made from the specs, every dynamic dimension 3.
 
     Input shapes come from ``input_spec``, else from the specs given to ``to_static`` or the last
     call (non-tensor arguments of that call are fixed into the export). ``None`` dimensions are
@@ -142,7 +155,7 @@ def save(function_or_layer: Callable | nn.Module, path: str | os.PathLike[str],
     from sampan._version import __version__
 
     static = _static_function(function_or_layer)
-    layout, examples, specs = _inputs(static, input_spec)
+    layout, examples, specs = _inputs(static, input_spec, examples)
     module = _ExportModule(static, layout, _referenced_layers(static))
     base = Path(path)
     base.parent.mkdir(parents=True, exist_ok=True)
