@@ -39,13 +39,12 @@ def _build_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _build_chat_arguments(parser: argparse.ArgumentParser) -> None:
-    from sampan.text.chat_corpus import TASKS, ChatDataConfig  # torch-free (it reads the corpora)
+    from sampan.text.chat_corpus import ChatDataConfig  # torch-free (it reads the corpora)
     from sampan.utils.flags import add_dataclass_args
 
     add_dataclass_args(parser, ChatDataConfig, flags={"out_dir": ("--out",), "sample_seed": ("--seed",)},
                        metavars={"out_dir": "DIR", "per_task": "N", "held_out_per_task": "N",
-                                 "tasks": "TASK[,TASK...]", "word_separator": "SEP"},
-                       choices={"tasks": TASKS})
+                                 "tasks": "TASK[,TASK...]", "word_separator": "SEP"})
 
 
 def run_build(args: argparse.Namespace) -> int:

@@ -62,12 +62,13 @@ PHRASINGS: dict[str, tuple[str, ...]] = {
 }
 _SEPARATOR_NAMES = {" ": "空格", "/": "“/”", "｜": "“｜”", "|": "“|”"}
 
-# Lengths in characters: short enough for a small model's context with the answer.
-ENTITY_SENTENCE_CHARS = (8, 60)
-SEGMENT_SENTENCE_CHARS = (6, 40)
-REVIEW_CHARS = (6, 100)
-CONTINUATION_PROMPT_CHARS = (30, 80)
-CONTINUATION_ANSWER_CHARS = (10, 50)
+# Lengths in characters (min, max): a record with its phrasing, system message and answer stays
+# under ~160 characters, so it fits a small model's context (chat-zh-tiny: 192 tokens) whole.
+ENTITY_SENTENCE_CHARS = (8, 50)
+SEGMENT_SENTENCE_CHARS = (6, 36)
+REVIEW_CHARS = (6, 80)
+CONTINUATION_PROMPT_CHARS = (24, 60)
+CONTINUATION_ANSWER_CHARS = (10, 40)
 _POEM_LINE = re.compile(r"[^，。？！；]+[，。？！；]")
 _SENTENCE = re.compile(r"[^。！？]+[。！？]+[”’」』]*")
 
