@@ -87,7 +87,7 @@ class Module:
         """The reply text to ``messages``: OpenAI-style ``[{"role": "system" | "user" | "assistant",
         "content": ...}]`` or a plain string (one user message); a list of conversations gives a list
         of replies. ``generation`` sets ``max_tokens``, ``temperature`` (0 = greedy), ``top_p``,
-        ``top_k``, ``seed`` and ``repetition_penalty`` for this call."""
+        ``top_k``, ``seed``, ``repetition_penalty`` and ``stop`` for this call."""
         from sampan.taskflow.chat import conversations
 
         task = self._require("chat")._flow.task

@@ -9,10 +9,10 @@
 
 Input: a string, one conversation (a list of OpenAI-style ``{"role", "content"}`` messages), or a
 list of either. The model's chat template (its ``tokenizer_config.json``) renders each with the
-generation prompt; the exported graph (``input_ids -> logits``, ONNX Runtime) runs the decoding
-loop here, which re-reads the window at every step (as ``text_generation`` does). Options are
-OpenAI's names: ``max_tokens``, ``temperature`` (0 = greedy, the default), ``top_p``, ``seed``;
-and ``top_k``, ``repetition_penalty``.
+generation prompt; ``sampan.inference.Generator`` decodes on the export's prefill and one-step
+decode graphs (the KV cache passed between them, ONNX Runtime by default). Options are OpenAI's
+names: ``max_tokens``, ``temperature`` (0 = greedy, the default), ``top_p``, ``seed``; and
+``top_k``, ``repetition_penalty``, ``stop`` (strings that end a reply).
 """
 
 from __future__ import annotations
@@ -20,11 +20,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
-from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
+from sampan.inference.sampling import SamplingParams
 from sampan.taskflow.task import Task
 
 ROLES = ("system", "user", "assistant")
@@ -63,43 +61,50 @@ def _conversation(item: Any, where: str) -> list[dict[str, str]]:
 
 
 @dataclasses.dataclass(frozen=True)
-class Sampling:
+class ChatOptions:
     """How a reply is decoded (OpenAI's names where it has them).
 
     Fields:
         max_tokens: the most tokens a reply gets.
-        temperature: 0 = greedy (the default); above 0 samples from softmax(logits / temperature).
-        top_p: the nucleus: sample only among the most likely tokens holding this much probability.
-        top_k: sample only among the k most likely tokens (0 = no limit).
-        seed: the seed of the sampler (a Taskflow's sampler is seeded once; a call with ``seed`` anew).
-        repetition_penalty: CTRL's penalty on tokens already in the conversation (1 = none).
+        sampling: temperature (0 = greedy, the default), top_k, top_p, repetition_penalty and seed
+            (``sampan.inference.SamplingParams``; a seed makes a sampled reply repeatable).
+        stop: strings that end a reply (the reply is cut before the first).
     """
 
     max_tokens: int = 64
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = 0
-    repetition_penalty: float = 1.0
+    sampling: SamplingParams = dataclasses.field(default_factory=lambda: SamplingParams(seed=0))
+    stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
-        if self.temperature < 0 or not 0.0 < self.top_p <= 1.0 or self.repetition_penalty <= 0:
-            raise ValueError(f"need temperature >= 0 (0 = greedy), 0 < top_p <= 1, repetition_penalty > 0; got "
-                             f"temperature={self.temperature}, top_p={self.top_p}, "
-                             f"repetition_penalty={self.repetition_penalty}")
-        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
-            raise ValueError(f"top_k must be an integer >= 0 (0 = no limit), got {self.top_k!r}")
 
 
-def sampling_options(**options: Any) -> Sampling:
-    """``Sampling`` from keyword options, an unknown one a ``ValueError`` naming the known ones."""
-    known = {f.name for f in dataclasses.fields(Sampling)}
-    unknown = sorted(set(options) - known)
+SAMPLING_NAMES = tuple(f.name for f in dataclasses.fields(SamplingParams))
+
+
+def chat_options(base: ChatOptions | None = None, **options: Any) -> ChatOptions:
+    """``base`` (default: the defaults) with keyword ``options`` changed: ``max_tokens``, ``stop`` and
+    ``SamplingParams``' fields; an unknown one is a ``ValueError`` naming the known ones."""
+    base = base or ChatOptions()
+    known = ("max_tokens", "stop", *SAMPLING_NAMES)
+    unknown = sorted(set(options) - set(known))
     if unknown:
-        raise ValueError(f"chat does not take {', '.join(map(repr, unknown))}; its options: {', '.join(sorted(known))}")
-    return Sampling(**options)
+        raise ValueError(f"chat does not take {', '.join(map(repr, unknown))}; its options: {', '.join(known)}")
+    sampling = dataclasses.replace(base.sampling, **{k: v for k, v in options.items() if k in SAMPLING_NAMES})
+    stop = options.get("stop", base.stop)
+    stop = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    return ChatOptions(options.get("max_tokens", base.max_tokens), sampling, stop)
+
+
+class _ReplyText:
+    """A reply's text: the tokens decoded without the special ones (an [UNK] is no part of a reply)."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
 
 class Chat(Task):
@@ -107,17 +112,15 @@ class Chat(Task):
     description = "reply to a conversation (OpenAI-style messages, or a plain question) with a chat model"
     default_model = "chat-zh-tiny"
     models = ("chat-zh-tiny",)
-    option_names = ("max_tokens", "temperature", "top_p", "top_k", "seed", "repetition_penalty")
-    sampling: Sampling
+    option_names = ("max_tokens", "stop", *SAMPLING_NAMES)
 
     def _construct_model(self, model: str) -> None:
-        self.sampling = sampling_options(**self.options)
-        self.rng = np.random.default_rng(self.sampling.seed)
+        self.chat_options = chat_options(**self.options)
         self._open(model)
 
     def _open(self, model: str) -> None:
-        """The predictor on the exported graph and the model's own tokenizer (with its chat template)."""
-        from sampan.inference import Config, create_predictor
+        """The generator on the export's decode graphs and the model's own tokenizer (with its chat template)."""
+        from sampan.inference import Config, create_generator
         from sampan.inference.device import predictor_device
         from sampan.store.model_dir import ModelDir
         from sampan.store.models import resolve
@@ -141,37 +144,29 @@ class Chat(Task):
         self.eos |= {i for i in (self.tokenizer.eos_token_id,) if i is not None}
         if not self.eos:
             raise ValueError(f"{directory}: neither config.json nor the tokenizer names an eos token to end a reply")
-        self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos)
         threads = self.num_threads or max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                                           else os.cpu_count() or 1)
-        self.predictor = create_predictor(Config(str(export_dir(model, directory)), backend=self.backend,
-                                                 num_threads=threads, precision=self.precision, device=self.device))
+        config = Config(str(export_dir(model, directory)), backend=self.backend, num_threads=threads,
+                        precision=self.precision, device=self.device)
+        self.generator = create_generator(config, tokenizer=_ReplyText(self.tokenizer), eos_token_id=sorted(self.eos))
 
     def __call__(self, inputs: Any) -> list[dict[str, Any]]:
         return self.reply(inputs)
 
     def reply(self, inputs: Any, **options: Any) -> list[dict[str, Any]]:
         """Replies to ``inputs`` (see ``conversations``), one dict per conversation; ``options``
-        (``Sampling``'s fields) change the Taskflow's for this call only."""
+        (``max_tokens``, ``stop``, ``SamplingParams``' fields) change the Taskflow's for this call only."""
         convs, _ = conversations(inputs)
-        saved = self.sampling, self.rng
-        if options:
-            self.sampling = sampling_options(**{**dataclasses.asdict(self.sampling), **options})
-            if "seed" in options:
-                self.rng = np.random.default_rng(self.sampling.seed)
-        try:
-            results: list[dict[str, Any]] = []
-            for start in range(0, len(convs), self.batch_size):
-                batch = convs[start: start + self.batch_size]
-                prepared = self._preprocess(batch)
-                results.extend(self._postprocess(batch, prepared, self._run_model(prepared)))
-            return results
-        finally:
-            # The Taskflow's own settings and sampler carry on; a call's seed starts a sampler of its own.
-            self.sampling, self.rng = saved
+        settings = chat_options(self.chat_options, **options) if options else self.chat_options
+        results: list[dict[str, Any]] = []
+        for start in range(0, len(convs), self.batch_size):
+            batch = convs[start: start + self.batch_size]
+            prepared = self._preprocess(batch, settings)
+            results.extend(self._postprocess(batch, prepared, self._run_model(prepared, settings)))
+        return results
 
-    def _preprocess(self, convs: list[list[dict[str, str]]]) -> list[list[int]]:
-        max_tokens = self.sampling.max_tokens
+    def _preprocess(self, convs: list[list[dict[str, str]]], settings: ChatOptions | None = None) -> list[list[int]]:
+        max_tokens = (settings or self.chat_options).max_tokens
         limit = self.window - max_tokens
         if limit < 1:
             raise ValueError(f"max_tokens ({max_tokens}) leaves no room for a prompt in the model's "
@@ -187,59 +182,10 @@ class Chat(Task):
             rows.append(list(ids))
         return rows
 
-    def _next_logits(self, rows: Sequence[list[int]]) -> np.ndarray:
-        # Right-padded: attention is causal, so padding after a row's end never reaches its logits.
-        width = max(len(r) for r in rows)
-        ids = np.full((len(rows), width), self.pad, dtype=np.int64)
-        for i, r in enumerate(rows):
-            ids[i, : len(r)] = r
-        (logits,) = self.predictor.run({"input_ids": ids})
-        return np.stack([logits[i, len(r) - 1] for i, r in enumerate(rows)]).astype(np.float64)
+    def _run_model(self, rows: list[list[int]], settings: ChatOptions | None = None) -> list[Any]:
+        o = settings or self.chat_options
+        return self.generator.generate(rows, o.max_tokens, sampling=o.sampling, stop=o.stop or None)
 
-    def _pick(self, logits: np.ndarray, history: list[int]) -> int:
-        o = self.sampling
-        logits = logits.copy()
-        if o.repetition_penalty != 1.0 and history:
-            seen = np.unique(np.asarray(history))
-            logits[seen] = np.where(logits[seen] > 0, logits[seen] / o.repetition_penalty,
-                                    logits[seen] * o.repetition_penalty)
-        if o.temperature == 0:
-            return int(np.argmax(logits))
-        logits = logits / o.temperature
-        if o.top_k:
-            k = min(o.top_k, logits.size)
-            logits[logits < np.partition(logits, -k)[-k]] = -np.inf
-        order = np.argsort(-logits)
-        probs = np.exp(logits[order] - logits[order[0]])
-        probs /= probs.sum()
-        # The nucleus: drop a token once the mass before it reaches top_p (the first always stays).
-        keep = (np.cumsum(probs) - probs) < o.top_p
-        probs = np.where(keep, probs, 0.0)
-        probs /= probs.sum()
-        return int(order[self.rng.choice(len(order), p=probs)])
-
-    def _run_model(self, rows: list[list[int]]) -> list[tuple[list[int], str]]:
-        rows = [list(r) for r in rows]
-        new: list[list[int]] = [[] for _ in rows]
-        finish = ["length"] * len(rows)
-        live = list(range(len(rows)))
-        for _ in range(self.sampling.max_tokens):
-            if not live:
-                break
-            logits = self._next_logits([rows[i] for i in live])
-            still = []
-            for j, i in enumerate(live):
-                token = self._pick(logits[j], rows[i])
-                if token in self.eos:
-                    finish[i] = "stop"
-                    continue
-                rows[i].append(token)
-                new[i].append(token)
-                still.append(i)
-            live = still
-        return list(zip(new, finish, strict=True))
-
-    def _postprocess(self, convs: list[list[dict[str, str]]], inputs: Any,
-                     outputs: list[tuple[list[int], str]]) -> list[dict[str, Any]]:
-        return [{"reply": self.tokenizer.decode(ids, skip_special_tokens=True).strip(), "finish_reason": finish,
-                 "messages": conv} for conv, (ids, finish) in zip(convs, outputs, strict=True)]
+    def _postprocess(self, convs: list[list[dict[str, str]]], inputs: Any, outputs: list[Any]) -> list[dict[str, Any]]:
+        return [{"reply": out.text.strip(), "finish_reason": out.finish_reason, "messages": conv}
+                for conv, out in zip(convs, outputs, strict=True)]
