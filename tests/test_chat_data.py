@@ -116,7 +116,7 @@ def test_build_chat_splits_are_stable_disjoint_and_cover_every_task(home, tmp_pa
     assert (tmp_path / "a" / "train.jsonl").read_bytes() == first
     # another seed and more records: other draws, but no record changes side
     other = ChatDataConfig(out_dir=str(tmp_path / "b"), per_task=40, held_out_per_task=16, sample_seed=1,
-                           tasks=("entities", "sentiment", "continuation"), system_share=0.0)
+                           chat_tasks=("entities", "sentiment", "continuation"), system_share=0.0)
     build_chat_data(other)
     train2, test2 = read_records(tmp_path / "b" / "train.jsonl"), read_records(tmp_path / "b" / "test.jsonl")
     assert {r["task"] for r in train2} == {"entities", "sentiment", "continuation"}
@@ -129,10 +129,10 @@ def test_build_chat_splits_are_stable_disjoint_and_cover_every_task(home, tmp_pa
 def test_build_chat_refuses_bad_arguments(home, tmp_path, monkeypatch, capsys):
     from sampan.cli import main
 
-    for bad, match in (({"tasks": ("poem", "bogus")}, "name each of"), ({"per_task": -1}, "per_task must be"),
+    for bad, match in (({"chat_tasks": ("poem", "bogus")}, "name each of"), ({"per_task": -1}, "per_task must be"),
                        ({"per_task": 0, "held_out_per_task": 0}, "nothing to build"),
                        ({"system_share": 1.5}, "system_share must be"), ({"word_separator": "\n"}, "word_separator"),
-                       ({"tasks": ()}, "at least one")):
+                       ({"chat_tasks": ()}, "at least one")):
         with pytest.raises(ValueError, match=match):
             ChatDataConfig(**bad)
     assert main(["data", "build-chat", "--out", str(tmp_path / "x"), "--tasks", "poem,bogus"]) == 2
@@ -147,7 +147,7 @@ def test_build_chat_refuses_bad_arguments(home, tmp_path, monkeypatch, capsys):
     # the poem task without the Tang poems names the fetch and the way around it; nothing is written
     monkeypatch.setenv("SAMPAN_HOME", str(tmp_path / "empty-home"))
     with pytest.raises(FileNotFoundError, match=r"sampan data fetch poetry.*--tasks entities,sentiment"):
-        build_chat_data(ChatDataConfig(out_dir=str(tmp_path / "c"), tasks=("poem", "entities", "sentiment")))
+        build_chat_data(ChatDataConfig(out_dir=str(tmp_path / "c"), chat_tasks=("poem", "entities", "sentiment")))
     assert not (tmp_path / "c").exists()
     # the verb: --help says what it builds; a run prints the counts
     with pytest.raises(SystemExit):

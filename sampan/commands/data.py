@@ -42,9 +42,9 @@ def _build_chat_arguments(parser: argparse.ArgumentParser) -> None:
     from sampan.text.chat_corpus import ChatDataConfig  # torch-free (it reads the corpora)
     from sampan.utils.flags import add_dataclass_args
 
-    add_dataclass_args(parser, ChatDataConfig, flags={"out_dir": ("--out",), "sample_seed": ("--seed",)},
+    add_dataclass_args(parser, ChatDataConfig, flags={"out_dir": ("--out",), "sample_seed": ("--seed",), "chat_tasks": ("--tasks",)},
                        metavars={"out_dir": "DIR", "per_task": "N", "held_out_per_task": "N",
-                                 "tasks": "TASK[,TASK...]", "word_separator": "SEP"})
+                                 "chat_tasks": "TASK[,TASK...]", "word_separator": "SEP"})
 
 
 def run_build(args: argparse.Namespace) -> int:

@@ -83,7 +83,7 @@ class ChatDataConfig:
             directory is refused).
         per_task: training records per task (fewer when a task's corpus has fewer items).
         held_out_per_task: held-out (test) records per task.
-        tasks: the tasks built, any of poem, entities, sentiment, segmentation, continuation
+        chat_tasks: the tasks built, any of poem, entities, sentiment, segmentation, continuation
             (poem needs ``sampan data fetch poetry`` first).
         sample_seed: seed of which items are drawn and how each is phrased. The train / test split
             does not depend on it: it is the corpora's fixed hashed split, so a record never moves.
@@ -95,18 +95,18 @@ class ChatDataConfig:
     out_dir: str = "data/chat"
     per_task: int = 2000
     held_out_per_task: int = 200
-    tasks: tuple[str, ...] = TASKS
+    chat_tasks: tuple[str, ...] = TASKS
     sample_seed: int = 0
     system_share: float = 0.3
     word_separator: str = " "
 
     def __post_init__(self) -> None:
-        if isinstance(self.tasks, str):
-            self.tasks = tuple(t.strip() for t in self.tasks.split(",") if t.strip())
-        self.tasks = tuple(self.tasks)
-        unknown = [t for t in self.tasks if t not in TASKS]
-        if not self.tasks or unknown or len(set(self.tasks)) != len(self.tasks):
-            raise ValueError(f"tasks {list(self.tasks)}: name each of {list(TASKS)} at most once, at least one")
+        if isinstance(self.chat_tasks, str):
+            self.chat_tasks = tuple(t.strip() for t in self.chat_tasks.split(",") if t.strip())
+        self.chat_tasks = tuple(self.chat_tasks)
+        unknown = [t for t in self.chat_tasks if t not in TASKS]
+        if not self.chat_tasks or unknown or len(set(self.chat_tasks)) != len(self.chat_tasks):
+            raise ValueError(f"tasks {list(self.chat_tasks)}: name each of {list(TASKS)} at most once, at least one")
         for name in ("per_task", "held_out_per_task"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -285,17 +285,17 @@ def _record(task: str, item: Item, rng: random.Random, config: ChatDataConfig) -
 def build_records(config: ChatDataConfig, log: Callable[[str], None] = lambda m: None) -> dict[str, list[dict]]:
     """``{"train": records, "test": records}``: per task, ``per_task`` / ``held_out_per_task`` items
     drawn with ``sample_seed`` from that split's items, each phrased at random (seeded)."""
-    if "poem" in config.tasks:  # before the other tasks' work, so a missing corpus fails at once
+    if "poem" in config.chat_tasks:  # before the other tasks' work, so a missing corpus fails at once
         from sampan.text.corpus.poetry import fetched_poems
 
         try:
             fetched_poems()
         except FileNotFoundError as err:
-            others = ",".join(t for t in config.tasks if t != "poem")
+            others = ",".join(t for t in config.chat_tasks if t != "poem")
             raise FileNotFoundError(f"the poem task reads the Tang poems: {err}; or build without it: "
                                     f"--tasks {others or 'entities'}") from None
     out: dict[str, list[dict]] = {"train": [], "test": []}
-    for task in config.tasks:
+    for task in config.chat_tasks:
         for split, count in (("train", config.per_task), ("test", config.held_out_per_task)):
             if count == 0:
                 continue
@@ -318,7 +318,7 @@ def build_chat_data(config: ChatDataConfig, log: Callable[[str], None] = lambda 
         raise FileExistsError(f"{out} exists and is not an instruction set built by `sampan data build-chat`; "
                               "pick another --out (nothing was written)")
     records = build_records(config, log)
-    counts = {split: {task: sum(r["task"] == task for r in rows) for task in config.tasks}
+    counts = {split: {task: sum(r["task"] == task for r in rows) for task in config.chat_tasks}
               for split, rows in records.items()}
     manifest = {"kind": KIND, "config": to_dict(config), "records": counts,
                 "files": dict(SPLIT_FILES),
