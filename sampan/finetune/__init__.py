@@ -1,5 +1,6 @@
-"""Fine-tuning: ERNIE sentiment analysis and NER (full / LoRA / Adapter, honest data splits), and
-LoRA on any sampan model with peft-format adapters (``apply_lora``, ``save_peft_adapter``).
+"""Fine-tuning: ERNIE sentiment analysis and NER (full / LoRA / Adapter, honest data splits), chat
+SFT and DPO on causal LMs (task="chat" / "dpo"), and LoRA on any sampan model with peft-format
+adapters (``apply_lora``, ``save_peft_adapter``).
 
 ::
 
@@ -20,6 +21,17 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from sampan.finetune.adapter import AdaptedLinear, BottleneckAdapter, apply_adapters
+    from sampan.finetune.causal_lm import (
+        CausalLM,
+        apply_causal_method,
+        load_causal_lm,
+        load_chat_model,
+        save_causal_lm,
+    )
+    from sampan.finetune.chat_config import ChatConfig
+    from sampan.finetune.chat_data import BadRecords, load_chat_data
+    from sampan.finetune.chat_encoding import ChatEncoder, EncodedChat
+    from sampan.finetune.chat_sft import run_chat_sft
     from sampan.finetune.config import DEFAULT_LORA_TARGETS, METHODS, TASKS, FinetuneConfig
     from sampan.finetune.data import (
         TaskData,
@@ -32,7 +44,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from sampan.finetune.evaluate import evaluate_examples, predict_logits
     from sampan.finetune.lora import LoRAEmbedding, LoRALinear, apply_embedding_lora, apply_lora, merge_lora
     from sampan.finetune.metrics import accuracy, flat_span_metrics, span_f1
-    from sampan.finetune.peft_format import save_peft_adapter, without_lora
+    from sampan.finetune.packing import ChatCollator, PackedDataset, PaddedDataset
+    from sampan.finetune.peft_format import load_peft_adapter, save_peft_adapter, without_lora
     from sampan.finetune.run import FinetuneResult, finetune
     from sampan.finetune.tags import (
         TagTransitions,
@@ -45,13 +58,19 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
 
 _SUBMODULES = {
     "adapter": ("AdaptedLinear", "BottleneckAdapter", "apply_adapters"),
+    "causal_lm": ("CausalLM", "apply_causal_method", "load_causal_lm", "load_chat_model", "save_causal_lm"),
+    "chat_config": ("ChatConfig",),
+    "chat_data": ("BadRecords", "load_chat_data"),
+    "chat_encoding": ("ChatEncoder", "EncodedChat"),
+    "chat_sft": ("run_chat_sft",),
+    "packing": ("ChatCollator", "PackedDataset", "PaddedDataset"),
     "config": ("DEFAULT_LORA_TARGETS", "METHODS", "TASKS", "FinetuneConfig"),
     "data": ("TaskData", "TaskExample", "bio_labels", "load_task_data", "read_jsonl"),
     "encoding": ("Encoded", "PadCollator", "encode_examples", "tokenize_for_task"),
     "evaluate": ("evaluate_examples", "predict_logits"),
     "lora": ("LoRAEmbedding", "LoRALinear", "apply_embedding_lora", "apply_lora", "merge_lora"),
     "metrics": ("accuracy", "flat_span_metrics", "span_f1"),
-    "peft_format": ("save_peft_adapter", "without_lora"),
+    "peft_format": ("load_peft_adapter", "save_peft_adapter", "without_lora"),
     "run": ("FinetuneResult", "finetune"),
     "tags": ("TagTransitions", "count_transitions", "decode_entities", "encode_bio", "viterbi_bio"),
     "task_model": ("load_task_model", "read_task_meta"),
@@ -72,6 +91,21 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "BadRecords",
+    "CausalLM",
+    "ChatCollator",
+    "ChatConfig",
+    "ChatEncoder",
+    "EncodedChat",
+    "PackedDataset",
+    "PaddedDataset",
+    "apply_causal_method",
+    "load_causal_lm",
+    "load_chat_data",
+    "load_chat_model",
+    "load_peft_adapter",
+    "run_chat_sft",
+    "save_causal_lm",
     "DEFAULT_LORA_TARGETS",
     "METHODS",
     "TASKS",

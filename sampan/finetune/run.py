@@ -23,44 +23,12 @@ from sampan.finetune.evaluate import (
     predict_logits,
     score,
 )
+from sampan.finetune.result import FinetuneResult
 from sampan.finetune.task_model import apply_method, save_task_model, trainable_state
 from sampan.trainer import Trainer, TrainerCallback
 from sampan.utils.device import resolve_device
 
 TRAINING_DIR = "training"  # the Trainer's run (metrics.jsonl, TensorBoard) inside output_dir
-
-
-@dataclasses.dataclass
-class FinetuneResult:
-    """What a fine-tuning run produced.
-
-    Fields:
-        output_dir: the model directory (see ``load_task_model``).
-        metrics: test-split metrics of the selected model (sentiment: ``accuracy``; ner: micro
-            ``precision`` / ``recall`` / ``f1`` and ``PER_f1`` ... per type), plus ``loss``.
-        dev_metrics: dev-split metrics of the selected (best dev) evaluation, with its ``step``.
-        trainable_parameters: parameters that trained (LoRA / adapter / head for those methods).
-        total_parameters: parameters of the model as trained (with LoRA / adapter modules).
-        train_seconds: wall time of the training loop.
-        initial_dev_metrics: dev-split metrics before the first step (the base with a fresh head).
-        metrics_without_transitions: ner with ``tag_transitions``: the test metrics of the same
-            weights decoded without the tag-bigram prior, to show what it is worth.
-        labels: the label names in id order.
-        data_sizes: examples per split after deduplication and sampling.
-        load_report: how the base weights went into the task model.
-    """
-
-    output_dir: Path
-    metrics: dict[str, float]
-    dev_metrics: dict[str, float]
-    trainable_parameters: int
-    total_parameters: int
-    train_seconds: float
-    labels: list[str]
-    data_sizes: dict[str, int]
-    load_report: str
-    initial_dev_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
-    metrics_without_transitions: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 class DevSelection(TrainerCallback):
@@ -104,6 +72,9 @@ def _prepare_output_dir(path: Path, overwrite: bool) -> None:
 def finetune(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = None) -> FinetuneResult:
     """Fine-tune ``cfg.model`` on ``cfg.task`` and write the model to ``cfg.training.output_dir``.
 
+    task="chat" runs ``chat_sft.run_chat_sft`` and task="dpo" ``dpo_train.run_dpo`` (causal LMs,
+    resumable); what follows is sentiment / ner on ERNIE.
+
     Training runs through ``sampan.trainer.Trainer`` (progress, ``training/metrics.jsonl``,
     TensorBoard under ``training/``); the dev split picks the best evaluation, whose weights are
     scored on the test split and saved. The Trainer's checkpoint is deleted once the model is
@@ -111,6 +82,14 @@ def finetune(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = None
     """
     if not isinstance(cfg, FinetuneConfig):
         raise TypeError("finetune() takes a sampan.finetune.FinetuneConfig")
+    if cfg.task == "chat":  # a causal LM on conversations (sampan/finetune/chat_sft.py)
+        from sampan.finetune.chat_sft import run_chat_sft
+
+        return run_chat_sft(cfg, callbacks)
+    if cfg.task == "dpo":  # preference tuning of a causal LM (sampan/finetune/dpo_train.py)
+        from sampan.finetune.dpo_train import run_dpo
+
+        return run_dpo(cfg, callbacks)
     training = cfg.training
     resolve_device(training.device)  # a GPU that is not there fails now, not after the data is loaded
     out = Path(training.output_dir)
