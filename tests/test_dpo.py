@@ -18,13 +18,9 @@ import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
+from sampan.finetune.chat_data import BadRecordError, BadRecords, TooManyBadRecords
 from sampan.finetune.dpo_config import DPOConfig
-from sampan.finetune.dpo_data import (
-    BadRecord,
-    PreferenceCollator,
-    encode_record,
-    read_preferences,
-)
+from sampan.finetune.dpo_data import PreferenceCollator, encode_record, preference_splits, read_preferences
 from sampan.finetune.dpo_loss import Reference, batch_loss, completion_logps, dpo_loss, sequence_logps
 from sampan.models.pretrained import from_pretrained
 from sampan.text import PretrainedTokenizer
@@ -237,19 +233,115 @@ def test_bad_records_are_counted_with_their_line_numbers(tmp_path, tokenizer):
     ]
     path = tmp_path / "prefs.jsonl"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    data = read_preferences(path, tokenizer, DPOConfig(), max_length=64, max_bad=None)
-    assert [p.line for p in data.pairs] == [1, 11] and data.records == 10
-    reasons = dict(data.bad)
+    bad = BadRecords(max_bad=100)
+    pairs = read_preferences(path, tokenizer, DPOConfig(), 64, bad)
+    assert [p.line for p in pairs] == [1, 11]
+    reasons = {item.line: item.reason for item in bad.items}
     assert sorted(reasons) == [2, 4, 5, 6, 7, 8, 9, 10]
-    assert "not valid JSON" in reasons[2] and "'rejected'" in reasons[4] and "'robot'" in reasons[5]
-    assert "not both" in reasons[6] and "JSON object" in reasons[7] and "same reply" in reasons[8]
-    assert "empty" in reasons[9] and "max_length=64" in reasons[10]
-    assert f"{path}:10:" in data.report()
-    with pytest.raises(ValueError, match=r"8 of 10 records are bad, more than max_bad=3") as err:
-        read_preferences(path, tokenizer, DPOConfig(), max_length=64, max_bad=3)
-    assert f"{path}:2: not valid JSON" in str(err.value)
+    assert reasons[2].startswith("broken JSON") and "'rejected'" in reasons[4] and "'robot'" in reasons[5]
+    assert "not both" in reasons[6] and "JSON object" in reasons[7] and reasons[8].startswith("same reply")
+    assert reasons[9].startswith("empty reply") and "max_length=64" in reasons[10]
+    assert bad.counts()["wrong type"] == 2 and "prefs.jsonl:10: too long" in bad.summary()
+    with pytest.raises(TooManyBadRecords, match=r"4 bad preference records, more than max_bad=3") as err:
+        read_preferences(path, tokenizer, DPOConfig(), 64, BadRecords(max_bad=3))
+    assert "prefs.jsonl:2: broken JSON" in str(err.value)
     # reference="precomputed": a record without the reference log-probabilities is bad too
-    with pytest.raises(ValueError, match=r"holds no usable preference record \(10 records read\)"):
-        read_preferences(path, tokenizer, DPOConfig(reference="precomputed"), max_length=64, max_bad=None)
-    with pytest.raises(BadRecord, match="ref_chosen_logps"):
+    with pytest.raises(BadRecordError, match="ref_chosen_logps"):
         encode_record(RECORDS[0], tokenizer, DPOConfig(reference="precomputed"), None)
+    with pytest.raises(ValueError, match="no usable training pair"):
+        preference_splits(path, tokenizer, DPOConfig(reference="precomputed"), 64, 0.1, 0, BadRecords(100))
+
+
+TOPICS = ["酒店", "早餐", "房间", "服务", "价格", "位置", "交通", "天气", "书", "电影", "音乐", "饭菜"]
+
+
+def preference_file(path: Path) -> Path:
+    """48 pairs with one learnable preference (a polite, on-topic reply over a curt one) and one broken line."""
+    records = [{"prompt": f"{a}和{b}怎么样？", "chosen": f"{a}很好，{b}也不错。", "rejected": f"不知道{b}。"}
+               for a in TOPICS for b in TOPICS[:4]]
+    lines = [json.dumps(r, ensure_ascii=False) for r in records]
+    lines.insert(7, '{"prompt": "broken')
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_a_short_lora_run_learns_the_preference_and_saves_a_peft_adapter(model_dir, tmp_path):
+    from sampan.finetune.causal_lm import load_chat_model
+    from sampan.finetune.config import FinetuneConfig
+    from sampan.finetune.dpo_train import run_dpo
+
+    out = tmp_path / "out"
+    cfg = FinetuneConfig(task="dpo", model=str(model_dir), data=str(preference_file(tmp_path / "prefs.jsonl")),
+                         method="lora", max_length=64, dev_fraction=0.25, dpo={"beta": 0.1}, chat={"max_bad": 1},
+                         training={"output_dir": str(out), "max_steps": 30, "per_device_train_batch_size": 8,
+                                   "learning_rate": 3e-3, "logging_steps": 10, "warmup_ratio": 0.0})
+    result = run_dpo(cfg)
+    assert result.data_sizes["bad"] == 1 and result.data_sizes["train"] + result.data_sizes["dev"] == 48
+    assert json.loads((out / "bad_records.jsonl").read_text())["line"] == 8
+    before, after = result.initial_dev_metrics, result.metrics
+    # LoRA starts at zero: the policy is the reference, every margin 0 and the loss log 2.
+    assert before["loss"] == pytest.approx(0.6931, abs=1e-4) and before["rewards/margins"] == 0
+    assert after["loss"] < 0.45 and after["rewards/accuracies"] >= 0.9 and after["rewards/margins"] > 0.5
+    logged = [json.loads(line) for line in (out / "training" / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in logged if r["kind"] == "train"]
+    assert train[-1]["loss"] < train[0]["loss"] and "rewards/accuracies" in train[-1]
+    assert (out / "adapter" / "adapter_config.json").is_file()
+    model, tokenizer, meta = load_chat_model(out)
+    assert meta["task"] == "dpo" and meta["dpo"]["beta"] == 0.1
+    # The saved (merged) model prefers the chosen replies as the trained policy did.
+    pairs = [encode_record(r, tokenizer, DPOConfig(), 64) for r in (
+        {"prompt": "交通和服务怎么样？", "chosen": "交通很好，服务也不错。", "rejected": "不知道服务。"},)]
+    batch = PreferenceCollator(tokenizer.pad_token_id)(pairs)
+    with torch.no_grad():
+        tuned = sequence_logps(model, batch)
+        start = sequence_logps(from_pretrained(model_dir, dtype="float32"), batch)
+    assert (tuned[0] - start[0]) - (tuned[1] - start[1]) > 1.0
+
+
+def test_lora_with_the_adapters_off_as_reference_matches_trl_with_peft(model_dir, tokenizer):
+    """LoRA: sampan's reference is the policy with its updates switched off (no copy), TRL's the
+    peft model with its adapter disabled; the same factors give the same loss and factor gradients."""
+    import transformers
+    from datasets import Dataset
+    from peft import LoraConfig
+    from trl import DPOConfig as TRLConfig
+    from trl import DPOTrainer
+
+    from sampan.finetune.causal_lm import apply_causal_method
+    from sampan.finetune.peft_format import without_lora
+
+    config = DPOConfig(beta=0.1)
+    policy = from_pretrained(model_dir, dtype="float32").train()
+    torch.manual_seed(1)
+    apply_causal_method(policy, "lora", {"lora_rank": 4, "lora_alpha": 8.0})
+    with torch.no_grad():  # LoRA starts as the base: give B values so the policy differs from its reference
+        for name, p in policy.named_parameters():
+            if name.endswith("lora_B"):
+                p.normal_(0, 0.05)
+    batch = sampan_batch(tokenizer, config)
+    ours = batch_loss(policy, Reference(disable=without_lora), batch, config)
+    ours.loss.backward()
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    args = TRLConfig(output_dir=str(model_dir / "trl-lora"), beta=config.beta, per_device_train_batch_size=4,
+                     max_length=None, report_to="none", use_cpu=True, bf16=False, fp16=False)
+    peft = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+                      task_type="CAUSAL_LM")
+    trainer = DPOTrainer(model=hf, args=args, train_dataset=Dataset.from_list([conversational(r) for r in RECORDS]),
+                         processing_class=transformers.AutoTokenizer.from_pretrained(model_dir), peft_config=peft)
+    theirs = dict(trainer.model.named_parameters())
+    ours_params = {n: p for n, p in policy.named_parameters() if ".lora_" in n}
+    to_peft = {n: f"base_model.model.{n}.default.weight" for n in ours_params}
+    with torch.no_grad():
+        for n, p in ours_params.items():
+            theirs[to_peft[n]].copy_(p)
+    inputs = trainer.data_collator([trainer.train_dataset[i] for i in range(len(RECORDS))])
+    assert torch.equal(batch["input_ids"], inputs["input_ids"])
+    trainer.model.train()
+    loss = trainer.compute_loss(trainer.model, inputs)
+    loss.backward()
+    assert ours.loss.item() == pytest.approx(loss.item(), abs=1e-5)
+    assert abs(ours.loss.item() - 0.6931) > 1e-3  # the factors moved the policy off its reference
+    assert len(ours_params) == 16
+    worst = max((p.grad - theirs[to_peft[n]].grad).abs().max().item() for n, p in ours_params.items())
+    assert worst < 1e-5 and max(p.grad.abs().max().item() for p in ours_params.values()) > 1e-4
