@@ -13,8 +13,9 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     from sampan.utils.flags import add_dataclass_args
 
     add_dataclass_args(parser, ServeSpec, flags={"tasks": ("--task",), "model_dirs": ("--model-dir",),
-                                                 "task_options": ("--task-option",)},
-                       metavars={"tasks": "TASK", "model_dirs": "NAME=DIR", "task_options": "TASK.KEY=VALUE"})
+                                                 "task_options": ("--task-option",), "chat_model": ("--model",)},
+                       metavars={"tasks": "TASK", "model_dirs": "NAME=DIR", "task_options": "TASK.KEY=VALUE",
+                                 "chat_model": "DIR"})
 
 
 def run(args: argparse.Namespace) -> int:
@@ -25,6 +26,8 @@ def run(args: argparse.Namespace) -> int:
     from sampan.utils.flags import dataclass_from_args
 
     spec = dataclass_from_args(ServeSpec, args)
+    if spec.chat_model is not None and spec.served_model_name is None:
+        spec.served_model_name = spec.model_name()  # a store name's, before check() turns it into a path
     spec.check()  # task names, options and model folders, before anything loads
     limits = spec.limits
     where = f"http://{limits.host}:{limits.port}"
@@ -33,7 +36,8 @@ def run(args: argparse.Namespace) -> int:
     models = list(spec.model_dir_map())
     if spec.workers == 1:
         app = spec.build_app()
-        print(f"sampan serve: tasks {spec.tasks} models {models} on device {spec.device} "
+        chat = f" chat model {spec.served_model_name!r}" if spec.chat_model else ""
+        print(f"sampan serve: tasks {spec.tasks} models {models}{chat} on device {spec.device} "
               f"at {where} (page {where}/, schema {where}/openapi.json)", file=sys.stderr, flush=True)
         uvicorn.run(app, **common)
         return 0
@@ -46,11 +50,15 @@ def run(args: argparse.Namespace) -> int:
 
 def register(subparsers) -> None:
     serve = subparsers.add_parser(
-        "serve", help="serve Taskflow tasks and exported models over HTTP (dynamic batching, demo page at /)",
+        "serve", help="serve Taskflow tasks, exported models and a chat model (OpenAI API) over HTTP",
         description="Start an HTTP service (FastAPI + uvicorn): POST /v1/tasks/TASK {\"inputs\": [texts]}, "
                     "POST /v1/models/NAME/predict, GET /v1/tasks, /healthz, /metrics (Prometheus), /openapi.json, "
                     "and a demo page at /. Concurrent requests are batched up to --max-batch-size / --max-wait-ms. "
+                    "--model DIR adds OpenAI's /v1/chat/completions, /v1/completions and /v1/models for a "
+                    "generating model, with continuous batching and streaming. "
                     "Binds to 127.0.0.1 unless --host says otherwise. Details: docs/serving.md.",
-        epilog="example:  sampan serve --task sentiment_analysis --task ner --task text_generation --port 8866")
+        epilog="examples:  sampan serve --task sentiment_analysis --task ner --task text_generation --port 8866\n"
+               "           sampan serve --model Qwen2.5-0.5B-Instruct/ --chat-max-running 16",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     arguments_later(serve, _arguments)
     set_handler(serve, run)

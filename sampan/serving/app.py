@@ -1,7 +1,9 @@
 """``create_app``: the FastAPI application serving tasks and exported models.
 
 Endpoints: ``POST /v1/tasks/{task}``, ``POST /v1/models/{name}/predict``, ``GET /v1/tasks``,
-``GET /healthz``, ``GET /metrics`` (Prometheus), ``GET /openapi.json`` and the demo page at ``/``.
+``GET /healthz``, ``GET /metrics`` (Prometheus), ``GET /openapi.json`` and the demo page at ``/``;
+with a chat model also OpenAI's ``/v1/chat/completions``, ``/v1/completions`` and ``/v1/models``
+(``openai_api.py``, continuous batching in ``chat_engine.py``).
 Models load when the app is created, so a bad task name or model folder fails at start-up, not on
 the first request.
 """
@@ -66,7 +68,8 @@ def to_serving_error(error: BaseException, target: str) -> ServingError:
 
 def create_app(tasks: Sequence[str] | Mapping[str, TaskCallable] = (), model_dirs: Mapping[str, str] | None = None,
                limits: ServingConfig | None = None, task_options: Mapping[str, dict] | None = None,
-               num_threads: int | None = None, device: str = "auto") -> FastAPI:
+               num_threads: int | None = None, device: str = "auto", chat_model: Any = None,
+               chat_model_name: str | None = None) -> FastAPI:
     """Build the service.
 
     Args:
@@ -81,14 +84,20 @@ def create_app(tasks: Sequence[str] | Mapping[str, TaskCallable] = (), model_dir
             their backend can use one, else the CPU), "cpu", "cuda" or "cuda:N". Inputs and
             outputs are host arrays either way; a GPU that cannot be used is a ``DeviceError``
             naming the fix, at start-up. Ready task objects are used as given.
+        chat_model: a generating model served through OpenAI's API with continuous batching: a
+            model directory (sampan or Hugging Face, with its tokenizer), a store name, or a
+            loaded :class:`~sampan.serving.chat_model.ChatModel`.
+        chat_model_name: the id clients send as ``model`` (default: the directory's name).
     """
     limits = limits or ServingConfig()
     served_tasks = _as_served_tasks(tasks, limits, task_options, num_threads, device)
     served_models = {name: ServedModel(name, path, num_threads, device) for name, path in (model_dirs or {}).items()}
-    if not served_tasks and not served_models:
-        raise ValueError("nothing to serve: give at least one task (--task sentiment_analysis) or exported model "
-                         "(--model-dir NAME=DIR)")
+    chat = _chat_model(chat_model, chat_model_name, device)
+    if not served_tasks and not served_models and chat is None:
+        raise ValueError("nothing to serve: give at least one task (--task sentiment_analysis), exported model "
+                         "(--model-dir NAME=DIR) or chat model (--model DIR)")
     metrics = ServingMetrics()
+    engine = _chat_engine(chat, limits, metrics) if chat is not None else None
 
     def batcher(name: str, fn: Any) -> DynamicBatcher:
         return DynamicBatcher(name, fn, max_batch_size=limits.max_batch_size, max_wait_ms=limits.max_wait_ms,
@@ -102,9 +111,13 @@ def create_app(tasks: Sequence[str] | Mapping[str, TaskCallable] = (), model_dir
     async def lifespan(_: FastAPI):
         for b in all_batchers:
             await b.start()
+        if engine is not None:
+            engine.start()
         yield
         for b in all_batchers:
             await b.stop()
+        if engine is not None:
+            engine.stop()
 
     app = FastAPI(title="sampan serving", version=_version(), lifespan=lifespan,
                   description="Sampan tasks and exported models over HTTP, with dynamic batching. Every error "
@@ -115,7 +128,14 @@ def create_app(tasks: Sequence[str] | Mapping[str, TaskCallable] = (), model_dir
     app.state.limits = limits
     app.state.metrics = metrics
     app.state.batchers = {**task_batchers, **model_batchers}
+    app.state.chat_engine = engine
     install_error_handlers(app)
+    if chat is not None:
+        from sampan.serving.openai_api import install_openai_routes
+
+        assert engine is not None
+        engine.start()  # also for ASGI hosts that skip the lifespan (test clients); start is idempotent
+        install_openai_routes(app, chat, engine, limits)
 
     @app.get("/", include_in_schema=False)
     async def index() -> HTMLResponse:
@@ -123,12 +143,14 @@ def create_app(tasks: Sequence[str] | Mapping[str, TaskCallable] = (), model_dir
 
     @app.get("/healthz", summary="liveness: 200 while the service answers")
     async def healthz() -> dict:
-        return {"status": "ok", "tasks": list(served_tasks), "models": list(served_models), "pid": os.getpid()}
+        return {"status": "ok", "tasks": list(served_tasks), "models": list(served_models),
+                "chat_model": chat.name if chat is not None else None, "pid": os.getpid()}
 
     @app.get("/v1/tasks", summary="the served tasks and models, and the limits in force")
     async def list_tasks() -> dict:
         return {"tasks": {n: t.info for n, t in served_tasks.items()},
                 "models": {n: m.info() for n, m in served_models.items()},
+                "chat_model": chat.info() if chat is not None else None,
                 "limits": limits.to_dict()}
 
     @app.post("/v1/tasks/{task}", response_model=TaskResponse, responses=_ERRORS,
@@ -164,6 +186,32 @@ def create_app(tasks: Sequence[str] | Mapping[str, TaskCallable] = (), model_dir
 
     app.add_middleware(LimitsAndMetricsMiddleware, max_body_bytes=limits.max_body_bytes, metrics=metrics)
     return app
+
+
+def _chat_model(chat_model: Any, name: str | None, device: str) -> Any:
+    if chat_model is None:
+        return None
+    from sampan.serving.chat_model import ChatModel
+
+    if isinstance(chat_model, ChatModel):
+        return chat_model
+    return ChatModel(chat_model, name=name, device=device)
+
+
+def _chat_engine(chat: Any, limits: ServingConfig, metrics: ServingMetrics) -> Any:
+    from sampan.serving.chat_engine import ChatEngine
+
+    def record(running: int, waiting: int) -> None:
+        metrics.chat_sequences.labels("running").set(running)
+        metrics.chat_sequences.labels("waiting").set(waiting)
+
+    def step(rows: int, seconds: float) -> None:
+        metrics.batch_size.labels("chat").observe(rows)
+        metrics.batch_latency.labels("chat").observe(seconds)
+
+    return ChatEngine(chat.model, chat.tokenizer, chat.num_layers, chat.eos_ids, chat.pad_id,
+                      max_running=limits.chat_max_running, max_waiting=limits.chat_max_waiting, on_change=record,
+                      on_step=step)
 
 
 def _version() -> str:

@@ -24,6 +24,12 @@ class ServingConfig:
     """A request still waiting for its result after this many seconds is answered 504."""
     max_queue_inputs: int = 4_096
     """Inputs waiting per task / model before new requests are refused with 503 (back-pressure)."""
+    chat_max_running: int = 32
+    """Chat sequences (a request's ``n`` choices each count) that decode together in one batch."""
+    chat_max_waiting: int = 256
+    """Chat sequences that may wait for a free slot; a request that would exceed it is answered 429."""
+    chat_max_tokens: int = 512
+    """New tokens per chat choice when the request gives no ``max_tokens`` (the context caps it too)."""
     host: str = "127.0.0.1"
     """Address to bind; loopback unless told otherwise (0.0.0.0 exposes the service to the network)."""
     port: int = 8866
@@ -31,11 +37,14 @@ class ServingConfig:
 
     def __post_init__(self) -> None:
         positive = ("max_batch_size", "max_body_bytes", "max_inputs_per_request", "max_text_chars",
-                    "max_queue_inputs")
+                    "max_queue_inputs", "chat_max_running", "chat_max_tokens")
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"ServingConfig.{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.chat_max_waiting, int) or isinstance(self.chat_max_waiting, bool) \
+                or self.chat_max_waiting < 0:
+            raise ValueError(f"ServingConfig.chat_max_waiting must be an integer >= 0, got {self.chat_max_waiting!r}")
         if not self.max_wait_ms >= 0:
             raise ValueError(f"ServingConfig.max_wait_ms must be >= 0, got {self.max_wait_ms!r}")
         if not self.request_timeout_s > 0:

@@ -1,5 +1,9 @@
 """One JSON error shape for every 4xx / 5xx: ``{"error": {"code": ..., "message": ...}}``.
 
+The OpenAI-compatible endpoints (``/v1/chat/completions``, ``/v1/completions``, ``GET /v1/models``)
+answer in OpenAI's shape instead, ``{"error": {"message", "type", "param", "code"}}``, which its
+clients parse; a schema error there is a 400 (OpenAI's status), not a 422.
+
 FastAPI's own answers (422 validation detail lists, 404 / 405 ``{"detail": ...}``) are converted
 here so a client parses one shape, and every message says what was wrong and how to fix it.
 """
@@ -20,24 +24,40 @@ log = logging.getLogger("sampan.serving")
 class ServingError(Exception):
     """An error answered to the client with ``status`` and a machine-readable ``code``."""
 
-    def __init__(self, status: int, code: str, message: str):
+    def __init__(self, status: int, code: str, message: str, param: str | None = None):
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
+        self.param = param  # the request field at fault (OpenAI's error shape carries it)
 
 
-def error_body(code: str, message: str) -> dict:
+def is_openai_path(path: str) -> bool:
+    """Whether ``path`` is one of the OpenAI-compatible endpoints (answered in OpenAI's error shape)."""
+    return (path in ("/v1/chat/completions", "/v1/completions", "/v1/models")
+            or (path.startswith("/v1/models/") and "/" not in path[len("/v1/models/"):]))
+
+
+def openai_error_type(status: int) -> str:
+    """OpenAI's ``type`` for a status: its clients map these to exception classes."""
+    return {401: "authentication_error", 403: "permission_error", 404: "invalid_request_error",
+            429: "rate_limit_error"}.get(status, "invalid_request_error" if status < 500 else "server_error")
+
+
+def error_body(code: str, message: str, status: int = 400, param: str | None = None, openai: bool = False) -> dict:
+    if openai:
+        return {"error": {"message": message, "type": openai_error_type(status), "param": param, "code": code}}
     return {"error": {"code": code, "message": message}}
 
 
-def error_response(status: int, code: str, message: str) -> JSONResponse:
-    return JSONResponse(error_body(code, message), status_code=status)
+def error_response(status: int, code: str, message: str, param: str | None = None, openai: bool = False,
+                   headers: dict | None = None) -> JSONResponse:
+    return JSONResponse(error_body(code, message, status, param, openai), status_code=status, headers=headers)
 
 
-def error_bytes(code: str, message: str) -> bytes:
+def error_bytes(code: str, message: str, status: int = 400, openai: bool = False) -> bytes:
     """The error body as bytes, for the raw ASGI middleware that answers before FastAPI runs."""
-    return json.dumps(error_body(code, message), ensure_ascii=False).encode()
+    return json.dumps(error_body(code, message, status, openai=openai), ensure_ascii=False).encode()
 
 
 # The detail of the 400 FastAPI raises when the body cannot be read as JSON for a reason other than
@@ -86,12 +106,18 @@ def install_error_handlers(app: FastAPI) -> None:
     """Route every exception to the JSON error shape; an unexpected one is logged and answered 500."""
 
     @app.exception_handler(ServingError)
-    async def _serving(_: Request, exc: ServingError) -> JSONResponse:
-        return error_response(exc.status, exc.code, exc.message)
+    async def _serving(request: Request, exc: ServingError) -> JSONResponse:
+        return error_response(exc.status, exc.code, exc.message, exc.param, is_openai_path(request.url.path))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(*_describe_validation(request, exc))
+        status, code, message = _describe_validation(request, exc)
+        if not is_openai_path(request.url.path):
+            return error_response(status, code, message)
+        # OpenAI answers a request that does not fit its schema with 400 and names the field.
+        locs = [[str(p) for p in item.get("loc", ()) if p != "body"] for item in exc.errors()]
+        param = next((".".join(loc) for loc in locs if loc), None)
+        return error_response(400 if status == 422 else status, code, message, param, openai=True)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -110,10 +136,12 @@ def install_error_handlers(app: FastAPI) -> None:
                                              'e.g. {"inputs": ["今天天气真好"]} with Content-Type: application/json')
         else:
             message = str(exc.detail)
-        return JSONResponse(error_body(code, message), status_code=exc.status_code, headers=exc.headers)
+        return error_response(exc.status_code, code, message, openai=is_openai_path(request.url.path),
+                              headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return error_response(500, "internal_error", f"the server failed on this request ({type(exc).__name__}); "
-                                                     "it is logged and the service keeps running")
+                                                     "it is logged and the service keeps running",
+                              openai=is_openai_path(request.url.path))

@@ -39,6 +39,8 @@ class ServingMetrics:
                                        ["target"], buckets=_LATENCY_BUCKETS, registry=self.registry)
         self.queue_depth = Gauge("sampan_queue_depth", "Inputs waiting for a batch, by task or model",
                                  ["target"], registry=self.registry)
+        self.chat_sequences = Gauge("sampan_chat_sequences", "Chat sequences in the continuous batch (running) "
+                                    "and waiting for a slot", ["state"], registry=self.registry)
 
     def observe_request(self, endpoint: str, method: str, status: int, seconds: float) -> None:
         self.requests.labels(endpoint, method, str(status)).inc()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sampan.serving.errors import error_bytes
+from sampan.serving.errors import error_bytes, is_openai_path
 from sampan.serving.metrics import ServingMetrics
 
 Scope = dict[str, Any]
@@ -41,7 +41,7 @@ class LimitsAndMetricsMiddleware:
             if body is None:
                 await _send_json(send_recording, 413, "body_too_large",
                                  f"the request body is larger than {self.max_body_bytes} bytes (max_body_bytes); "
-                                 "send fewer or shorter inputs per request")
+                                 "send fewer or shorter inputs per request", is_openai_path(scope["path"]))
                 return
             await self.app(scope, _replay(body, receive), send_recording)
         finally:
@@ -105,8 +105,8 @@ def _replay(body: bytes, receive: Any) -> Any:
     return replay
 
 
-async def _send_json(send: Any, status: int, code: str, message: str) -> None:
-    payload = error_bytes(code, message)
+async def _send_json(send: Any, status: int, code: str, message: str, openai: bool = False) -> None:
+    payload = error_bytes(code, message, status, openai)
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
                             (b"connection", b"close")]})

@@ -31,6 +31,12 @@ class ServeSpec:
         model_dirs: exported model folders (DIR/inference.json + .onnx, from sampan.jit.save) served
             at POST /v1/models/NAME/predict, as NAME=DIR (--model-dir, repeatable); a bare DIR is
             named after its folder.
+        chat_model: a generating model served through OpenAI's API (/v1/chat/completions,
+            /v1/completions, /v1/models) with continuous batching (--model): a sampan model
+            directory, a Hugging Face one with its tokenizer and chat template, or a store name
+            (sampan hub list). Tasks and exported models can be served beside it.
+        served_model_name: the model id clients send and /v1/models lists (default: the
+            directory's or store name's last part).
         task_options: a Taskflow keyword for one task, TASK.KEY=VALUE, e.g.
             text_generation.max_new_tokens=32 (--task-option, repeatable).
         device: where the tasks and exported models run: auto (a GPU when the backend can use one,
@@ -47,6 +53,8 @@ class ServeSpec:
 
     tasks: list[str] = dataclasses.field(default_factory=list, metadata={REPEAT: True})
     model_dirs: list[str] = dataclasses.field(default_factory=list, metadata={REPEAT: True})
+    chat_model: str | None = None
+    served_model_name: str | None = None
     task_options: list[str] = dataclasses.field(default_factory=list, metadata={REPEAT: True})
     device: str = "auto"
     num_threads: int | None = None
@@ -110,8 +118,15 @@ class ServeSpec:
                 raise FileNotFoundError(f"model '{name}': {Path(path) / 'inference.json'} not found")
         if self.model_dirs:
             predictor_device(self.device, "onnxruntime")  # served models run their .onnx
-        if not self.tasks and not self.model_dirs:
-            raise ValueError("nothing to serve: give --task NAME and/or --model-dir NAME=DIR")
+        if self.chat_model is not None:
+            from sampan.serving.chat_model import resolve_model_dir
+
+            self.chat_model = str(resolve_model_dir(self.chat_model))  # a store name becomes its directory
+            if not (Path(self.chat_model) / "tokenizer.json").is_file():
+                raise FileNotFoundError(f"--model {self.chat_model}: no tokenizer.json there; the chat API needs the "
+                                        "model's tokenizer (and chat template) beside its weights")
+        if not self.tasks and not self.model_dirs and self.chat_model is None:
+            raise ValueError("nothing to serve: give --task NAME, --model-dir NAME=DIR and/or --model DIR")
 
     def grace_seconds(self) -> int:
         """Seconds a shutdown waits for in-flight requests: none can outlive its own timeout."""
@@ -126,7 +141,14 @@ class ServeSpec:
 
             torch.set_num_threads(self.num_threads)
         return create_app(tasks=self.tasks, model_dirs=self.model_dir_map(), limits=self.limits,
-                          task_options=self.task_option_map(), num_threads=self.num_threads, device=self.device)
+                          task_options=self.task_option_map(), num_threads=self.num_threads, device=self.device,
+                          chat_model=self.chat_model, chat_model_name=self.model_name())
+
+    def model_name(self) -> str | None:
+        """The chat model's id: --served-model-name, else the last part of what --model named."""
+        if self.chat_model is None:
+            return None
+        return self.served_model_name or Path(self.chat_model).name
 
     def to_env(self) -> None:
         """Hand the spec to worker processes (``app_from_env``)."""

@@ -1,0 +1,248 @@
+"""The OpenAI-compatible endpoints: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``.
+
+Each request becomes ``n`` sequences in the :class:`ChatEngine` (continuous batching); their
+events come back through an asyncio queue. ``stream: true`` answers server-sent events
+(``data: {chunk}\\n\\n`` ... ``data: [DONE]\\n\\n``), one chunk per piece of whole-character text.
+A client that disconnects - streaming or not - cancels its sequences at once, which frees their
+slots before the next decode step. Errors use OpenAI's shape (``errors.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
+
+from sampan.serving.chat_engine import ChatEngine, Event, QueueFull, SamplingParams, SequenceHandle
+from sampan.serving.chat_model import ChatModel
+from sampan.serving.config import ServingConfig
+from sampan.serving.errors import ServingError
+from sampan.serving.openai_schemas import _MAX_STOPS, ChatCompletionRequest, CompletionRequest, _Sampling
+
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def _check_common(body: _Sampling, chat: ChatModel, limits: ServingConfig) -> None:
+    if body.model != chat.name:
+        raise ServingError(404, "model_not_found", f"the model {body.model!r} does not exist here; this server "
+                                                   f"serves {chat.name!r} (GET /v1/models)", param="model")
+    if body.n > limits.chat_max_running:
+        raise ServingError(400, "invalid_value", f"n={body.n} is more choices than the {limits.chat_max_running} "
+                                                 "sequences that decode together (chat_max_running)", param="n")
+    if len(body.stops()) > _MAX_STOPS:
+        raise ServingError(400, "invalid_value", f"stop holds {len(body.stops())} strings; at most {_MAX_STOPS}",
+                           param="stop")
+
+
+def _max_tokens(asked: int | None, prompt_len: int, chat: ChatModel, limits: ServingConfig) -> int:
+    """The new-token budget; a prompt (plus an explicit max_tokens) over the context is a 400 naming it."""
+    context = chat.context_length
+    if prompt_len >= context:
+        raise ServingError(400, "context_length_exceeded",
+                           f"this model's maximum context length is {context} tokens, and the prompt has "
+                           f"{prompt_len}: shorten the prompt (the reply needs at least one more token)",
+                           param="messages")
+    if asked is not None and prompt_len + asked > context:
+        raise ServingError(400, "context_length_exceeded",
+                           f"this model's maximum context length is {context} tokens; the prompt has {prompt_len} "
+                           f"and max_tokens asks for {asked} more ({prompt_len + asked}): lower max_tokens or "
+                           "shorten the prompt", param="max_tokens")
+    return asked if asked is not None else min(limits.chat_max_tokens, context - prompt_len)
+
+
+def _params(body: _Sampling, max_tokens: int) -> list[SamplingParams]:
+    # Choice i samples with seed + i: n choices differ, and the same request repeats exactly.
+    return [SamplingParams(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
+                           seed=None if body.seed is None else body.seed + i, stop=body.stops(),
+                           ignore_eos=body.ignore_eos) for i in range(body.n)]
+
+
+async def _wait_disconnect(request: Request) -> None:
+    """Returns when the client has gone (the body was read already: the next message is the disconnect)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+class _Run:
+    """One request's sequences in the engine and the queue their events arrive on."""
+
+    def __init__(self, engine: ChatEngine, prompt: list[int], params: list[SamplingParams]):
+        loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+
+        def emitter(index: int):
+            return lambda event: loop.call_soon_threadsafe(self.queue.put_nowait, (index, event))
+
+        try:
+            self.handles: list[SequenceHandle] = engine.submit(prompt, params, [emitter(i) for i in range(len(params))])
+        except QueueFull as error:
+            raise ServingError(429, "queue_full", f"the server is at capacity: {error}; retry later") from None
+        self.open = len(params)
+
+    async def events(self, request: Request) -> AsyncIterator[tuple[int, Event]]:
+        """Events until every sequence finished; stops early (cancelling them) if the client leaves."""
+        watcher = asyncio.ensure_future(_wait_disconnect(request))
+        try:
+            while self.open:
+                getter = asyncio.ensure_future(self.queue.get())
+                done, _ = await asyncio.wait({getter, watcher}, return_when=asyncio.FIRST_COMPLETED)
+                if getter not in done:
+                    getter.cancel()
+                    return  # the client left
+                index, event = getter.result()
+                if event.finish_reason is not None:
+                    self.open -= 1
+                yield index, event
+        finally:
+            watcher.cancel()
+            self.cancel()
+
+    def cancel(self) -> None:
+        for handle in self.handles:
+            handle.cancel()
+
+
+def _sse(data: Any) -> bytes:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+
+
+def install_openai_routes(app: FastAPI, chat: ChatModel, engine: ChatEngine, limits: ServingConfig) -> None:
+    """Add the three OpenAI endpoints for ``chat`` (served as ``chat.name``) to ``app``."""
+
+    @app.get("/v1/models", summary="(OpenAI) the served chat model")
+    async def list_models() -> dict:
+        return {"object": "list", "data": [chat.info()]}
+
+    @app.get("/v1/models/{model_id}", summary="(OpenAI) one model")
+    async def get_model(model_id: str) -> dict:
+        if model_id != chat.name:
+            raise ServingError(404, "model_not_found", f"the model {model_id!r} does not exist here; this server "
+                                                       f"serves {chat.name!r}", param="model")
+        return chat.info()
+
+    @app.post("/v1/chat/completions", summary="(OpenAI) a reply to a conversation, streamed or not")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
+        _check_common(body, chat, limits)
+        messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})}
+                    for m in body.messages]
+        prompt = chat.chat_prompt(messages)
+        asked = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        run = _Run(engine, prompt, _params(body, _max_tokens(asked, len(prompt), chat, limits)))
+        meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": chat.name}
+        if body.stream:
+            usage = body.stream_options is not None and body.stream_options.include_usage
+            return StreamingResponse(_chat_stream(run, request, meta, len(prompt), usage, body.n),
+                                     media_type="text/event-stream", headers=_SSE_HEADERS)
+        texts, reasons, tokens = await _collect(run, request, body.n)
+        return {**meta, "object": "chat.completion",
+                "choices": [{"index": i, "message": {"role": "assistant", "content": texts[i]},
+                             "logprobs": None, "finish_reason": reasons[i]} for i in range(body.n)],
+                "usage": _usage(len(prompt), sum(tokens))}
+
+    @app.post("/v1/completions", summary="(OpenAI) a continuation of a prompt, streamed or not")
+    async def completions(body: CompletionRequest, request: Request) -> Any:
+        _check_common(body, chat, limits)
+        prompt = chat.text_prompt(body.prompt)
+        if not prompt:
+            raise ServingError(400, "invalid_prompt", "the prompt is empty; send some text (or token ids)",
+                               param="prompt")
+        run = _Run(engine, prompt, _params(body, _max_tokens(body.max_tokens, len(prompt), chat, limits)))
+        meta = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": chat.name}
+        echo = (body.prompt if isinstance(body.prompt, str) else chat.tokenizer.decode(prompt)) if body.echo else ""
+        if body.stream:
+            usage = body.stream_options is not None and body.stream_options.include_usage
+            return StreamingResponse(_completion_stream(run, request, meta, len(prompt), usage, body.n, echo),
+                                     media_type="text/event-stream", headers=_SSE_HEADERS)
+        texts, reasons, tokens = await _collect(run, request, body.n)
+        return {**meta, "object": "text_completion",
+                "choices": [{"index": i, "text": echo + texts[i], "logprobs": None, "finish_reason": reasons[i]}
+                            for i in range(body.n)],
+                "usage": _usage(len(prompt), sum(tokens))}
+
+
+def _usage(prompt: int, completion: int) -> dict:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+async def _collect(run: _Run, request: Request, n: int) -> tuple[list[str], list[str | None], list[int]]:
+    texts, reasons, tokens = [""] * n, [None] * n, [0] * n
+    parts: list[list[str]] = [[] for _ in range(n)]
+    async for index, event in run.events(request):
+        if event.finish_reason == "error":
+            raise ServingError(500, "model_error", f"generation failed ({event.error}); it is logged and the "
+                                                   "service keeps running")
+        parts[index].append(event.text)
+        tokens[index] = event.completion_tokens
+        if event.finish_reason is not None:
+            reasons[index] = event.finish_reason
+    for i in range(n):
+        texts[i] = "".join(parts[i])
+    return texts, reasons, tokens
+
+
+def _error_chunk(event: Event) -> bytes:
+    return _sse({"error": {"message": f"generation failed ({event.error})", "type": "server_error", "param": None,
+                           "code": "model_error"}})
+
+
+async def _chat_stream(run: _Run, request: Request, meta: dict, prompt_len: int, include_usage: bool,
+                       n: int) -> AsyncIterator[bytes]:
+    base = {**meta, "object": "chat.completion.chunk"}
+    extra = {"usage": None} if include_usage else {}
+    tokens = [0] * n
+    try:
+        for i in range(n):
+            yield _sse({**base, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                             "logprobs": None, "finish_reason": None}], **extra})
+        async for index, event in run.events(request):
+            if event.finish_reason == "error":
+                yield _error_chunk(event)
+                return
+            tokens[index] = event.completion_tokens
+            if event.text:
+                yield _sse({**base, "choices": [{"index": index, "delta": {"content": event.text}, "logprobs": None,
+                                                 "finish_reason": None}], **extra})
+            if event.finish_reason is not None:
+                yield _sse({**base, "choices": [{"index": index, "delta": {}, "logprobs": None,
+                                                 "finish_reason": event.finish_reason}], **extra})
+        if include_usage:
+            yield _sse({**base, "choices": [], "usage": _usage(prompt_len, sum(tokens))})
+        yield b"data: [DONE]\n\n"
+    finally:
+        run.cancel()  # the client left mid-stream (the generator is closed): free the slots now
+
+
+async def _completion_stream(run: _Run, request: Request, meta: dict, prompt_len: int, include_usage: bool,
+                             n: int, echo: str) -> AsyncIterator[bytes]:
+    base = {**meta, "object": "text_completion"}
+    extra = {"usage": None} if include_usage else {}
+    tokens = [0] * n
+    try:
+        if echo:
+            for i in range(n):
+                yield _sse({**base, "choices": [{"index": i, "text": echo, "logprobs": None,
+                                                 "finish_reason": None}], **extra})
+        async for index, event in run.events(request):
+            if event.finish_reason == "error":
+                yield _error_chunk(event)
+                return
+            tokens[index] = event.completion_tokens
+            if event.text or event.finish_reason is not None:
+                yield _sse({**base, "choices": [{"index": index, "text": event.text, "logprobs": None,
+                                                 "finish_reason": event.finish_reason}], **extra})
+        if include_usage:
+            yield _sse({**base, "choices": [], "usage": _usage(prompt_len, sum(tokens))})
+        yield b"data: [DONE]\n\n"
+    finally:
+        run.cancel()
+
+
+__all__ = ["install_openai_routes"]
