@@ -4,9 +4,11 @@ A random Hugging Face ``LlamaForCausalLM`` and a byte-level BPE tokenizer with a
 are written to a temporary directory; sampan opens them (its own Llama and tokenizer), TRL opens
 them with transformers, and both compute the DPO loss of the same preference records: the loss and
 every parameter's gradient agree to ~1e-5 for the sigmoid, IPO and hinge losses (and label
-smoothing). Also: precomputed reference log-probabilities give the frozen reference's loss; bad
-records are counted with their line numbers; a short run raises reward accuracy.
-Cost: about 30 s (the tokenizer and model are built once; TRL's trainer is built per loss type).
+smoothing), and with LoRA switched off as the reference against TRL + peft. Also: precomputed
+reference log-probabilities give the frozen reference's loss; bad records are counted with their
+line numbers; short full / LoRA / adapter runs raise reward accuracy and save a loadable model.
+Cost: about 15 s on 2 cores (the tokenizer and models are built once; TRL's trainer once per case; the
+training runs are 8-30 steps of a 2-layer, 32-wide Llama).
 """
 
 from __future__ import annotations
@@ -268,14 +270,14 @@ def preference_file(path: Path) -> Path:
 def test_a_short_lora_run_learns_the_preference_and_saves_a_peft_adapter(model_dir, tmp_path):
     from sampan.finetune.causal_lm import load_chat_model
     from sampan.finetune.config import FinetuneConfig
-    from sampan.finetune.dpo_train import run_dpo
+    from sampan.finetune.run import finetune
 
     out = tmp_path / "out"
     cfg = FinetuneConfig(task="dpo", model=str(model_dir), data=str(preference_file(tmp_path / "prefs.jsonl")),
                          method="lora", max_length=64, dev_fraction=0.25, dpo={"beta": 0.1}, chat={"max_bad": 1},
                          training={"output_dir": str(out), "max_steps": 30, "per_device_train_batch_size": 8,
                                    "learning_rate": 3e-3, "logging_steps": 10, "warmup_ratio": 0.0})
-    result = run_dpo(cfg)
+    result = finetune(cfg)  # dispatches task="dpo" to dpo_train.run_dpo
     assert result.data_sizes["bad"] == 1 and result.data_sizes["train"] + result.data_sizes["dev"] == 48
     assert json.loads((out / "bad_records.jsonl").read_text())["line"] == 8
     before, after = result.initial_dev_metrics, result.metrics
@@ -345,3 +347,36 @@ def test_lora_with_the_adapters_off_as_reference_matches_trl_with_peft(model_dir
     assert len(ours_params) == 16
     worst = max((p.grad - theirs[to_peft[n]].grad).abs().max().item() for n, p in ours_params.items())
     assert worst < 1e-5 and max(p.grad.abs().max().item() for p in ours_params.values()) > 1e-4
+
+
+@pytest.mark.parametrize("method,reference", [("full", "precomputed"), ("adapter", "model")])
+def test_full_and_adapter_runs_start_at_their_reference(method, reference, model_dir, tokenizer, tmp_path):
+    """Full and adapter runs keep a frozen copy of the start (or read precomputed log-probabilities):
+    either way the first dev loss is exactly log 2 (policy = reference), and training moves it down."""
+    from sampan.finetune.causal_lm import load_chat_model
+    from sampan.finetune.config import FinetuneConfig
+    from sampan.finetune.dpo_train import run_dpo
+
+    data = preference_file(tmp_path / "prefs.jsonl")
+    if reference == "precomputed":  # the start's log-probabilities, as a user would store them
+        start = from_pretrained(model_dir, dtype="float32")
+        lines = []
+        for line in data.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            batch = PreferenceCollator(0)([encode_record(record, tokenizer, DPOConfig(), 64)])
+            with torch.no_grad():
+                chosen, rejected = sequence_logps(start, batch).tolist()
+            lines.append(json.dumps({**record, "ref_chosen_logps": chosen, "ref_rejected_logps": rejected}))
+        data.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    cfg = FinetuneConfig(task="dpo", model=str(model_dir), data=str(data), method=method, max_length=64,
+                         dev_fraction=0.25, dpo={"beta": 0.1, "reference": reference},
+                         training={"output_dir": str(tmp_path / "out"), "max_steps": 8,
+                                   "per_device_train_batch_size": 8, "learning_rate": 2e-3, "warmup_ratio": 0.0})
+    result = run_dpo(cfg)
+    assert result.initial_dev_metrics["loss"] == pytest.approx(0.693147, abs=1e-5)
+    assert result.metrics["loss"] < 0.6 and result.metrics["rewards/margins"] > 0
+    model, _, meta = load_chat_model(tmp_path / "out")
+    assert meta["method"] == method and meta["dpo"]["reference"] == reference
