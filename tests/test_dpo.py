@@ -380,3 +380,21 @@ def test_full_and_adapter_runs_start_at_their_reference(method, reference, model
     assert result.metrics["loss"] < 0.6 and result.metrics["rewards/margins"] > 0
     model, _, meta = load_chat_model(tmp_path / "out")
     assert meta["method"] == method and meta["dpo"]["reference"] == reference
+
+
+def test_settings_are_validated_with_the_fix_named(model_dir, tmp_path):
+    from sampan.finetune.config import FinetuneConfig
+    from sampan.finetune.dpo_train import run_dpo
+
+    for bad, message in [({"beta": 0}, "beta must be a number > 0"), ({"loss_type": "kto"}, "one of"),
+                         ({"loss_type": "ipo", "label_smoothing": 0.1}, "loss_type='sigmoid' only"),
+                         ({"label_smoothing": 0.5}, r"\[0, 0.5\)"), ({"reference": "copy"}, "ref_chosen_logps"),
+                         ({"max_prompt_length": 0}, "integer > 0")]:
+        with pytest.raises(ValueError, match=message):
+            DPOConfig(**bad)
+    with pytest.raises(ValueError, match="unknown key 'bta'.*did you mean 'beta'"):
+        FinetuneConfig(task="dpo", model=str(model_dir), data="x.jsonl", dpo={"bta": 0.2})
+    cfg = FinetuneConfig(task="dpo", model=str(model_dir), data="x.jsonl",
+                         training={"output_dir": str(tmp_path), "strategy": {"hybrid_configs": {"dp_degree": 1}}})
+    with pytest.raises(ValueError, match="DPO runs in one process"):
+        run_dpo(cfg)

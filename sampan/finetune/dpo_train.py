@@ -53,10 +53,7 @@ class DPOTrainer(Trainer):
 
     def __init__(self, model: nn.Module, args: TrainingArguments, train_dataset, reference: Reference,
                  dpo: DPOConfig, data_collator=None, callbacks: list[TrainerCallback] | None = None):
-        if args.strategy is not None:
-            raise ValueError("DPO runs in one process for now: its loss needs the reference's log-probabilities "
-                             "beside the policy's, and a hybrid-parallel run computes its loss inside the model's "
-                             "own forward_backward; drop training.strategy")
+        refuse_strategy(args)
         super().__init__(model, args, train_dataset, data_collator=data_collator, callbacks=callbacks)
         self.reference, self.dpo = reference, dpo
         if reference.model is not None:
@@ -71,6 +68,15 @@ class DPOTrainer(Trainer):
             for name, value in out.metrics.items():
                 self.window[name].append(value)
         return out.loss
+
+
+def refuse_strategy(args: TrainingArguments) -> None:
+    """DPO trains in one process: with a strategy the fleet backend runs the model's own
+    ``forward_backward`` (pipeline schedules included) and never calls a loss hook."""
+    if args.strategy is not None:
+        raise ValueError("DPO runs in one process for now: its loss needs the reference's log-probabilities beside "
+                         "the policy's, and a hybrid-parallel run computes its loss inside the model's own "
+                         "forward_backward; drop training.strategy")
 
 
 class _WindowMetrics(TrainerCallback):
@@ -129,7 +135,7 @@ class _DevReport(TrainerCallback):
 def _sample(pairs: list[PreferencePair], limit: int | None, seed: int) -> list[PreferencePair]:
     if limit is None or len(pairs) <= limit:
         return pairs
-    return sorted(random.Random(seed).sample(pairs, limit), key=lambda p: p.line)
+    return sorted(random.Random(seed).sample(pairs, limit), key=lambda p: (p.source, p.line))
 
 
 def _prepare_output_dir(out: Path, overwrite: bool, resuming: bool) -> None:
@@ -154,6 +160,7 @@ def run_dpo(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = None)
     if cfg.task != "dpo":
         raise ValueError(f"run_dpo runs task='dpo', got task={cfg.task!r}")
     training, dpo = cfg.training, cfg.dpo
+    refuse_strategy(training)  # before any loading
     resolve_device(training.device)  # a GPU that is not there fails now, not after the data is read
     out = Path(training.output_dir)
     _prepare_output_dir(out, training.overwrite_output_dir, training.resume_from_checkpoint is not None)
