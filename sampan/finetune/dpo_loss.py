@@ -31,9 +31,6 @@ from torch import nn
 
 from sampan.finetune.dpo_config import DPOConfig
 
-METRIC_NAMES = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
-                "logps/rejected")
-
 
 def completion_logps(logits: torch.Tensor, input_ids: torch.Tensor,
                      completion_mask: torch.Tensor) -> torch.Tensor:

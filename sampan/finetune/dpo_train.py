@@ -32,7 +32,7 @@ from sampan.finetune.chat_sft import BAD_RECORDS_FILE, method_args
 from sampan.finetune.config import FinetuneConfig
 from sampan.finetune.dpo_config import DPOConfig
 from sampan.finetune.dpo_data import PreferenceCollator, PreferenceDataset, PreferencePair, preference_splits
-from sampan.finetune.dpo_loss import METRIC_NAMES, Reference, batch_loss
+from sampan.finetune.dpo_loss import Reference, batch_loss
 from sampan.finetune.peft_format import without_lora
 from sampan.finetune.result import FinetuneResult
 from sampan.trainer import Trainer, TrainerCallback
@@ -189,7 +189,8 @@ def run_dpo(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = None)
         raise ValueError(f"only {len(train)} training pairs, fewer than one batch of {batch}; lower "
                          "training.per_device_train_batch_size (--batch-size) or give more data")
     steps = (training.max_steps if training.max_steps > 0
-             else max(1, math.ceil(training.num_train_epochs * (len(train) // batch))))
+             else max(1, math.ceil(training.num_train_epochs * (len(train) // batch)
+                                   / training.gradient_accumulation_steps)))
     args = dataclasses.replace(
         training, output_dir=str(out / TRAINING_DIR), max_steps=steps, per_device_eval_batch_size=batch,
         warmup_steps=training.warmup_for(steps), warmup_ratio=0.0, logging_steps=min(training.logging_steps, steps),
@@ -209,10 +210,11 @@ def run_dpo(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = None)
     metrics = {k: v for k, v in final.items() if k != "step"}
     sizes = {"train": len(train), "dev": len(dev), "bad": len(bad)}
     meta = {
-        "task": "dpo", "base_model": cfg.model, "dpo": dataclasses.asdict(dpo), "max_length": cfg.max_length,
+        "task": "dpo", "base_model_name": cfg.model, "dpo": dataclasses.asdict(dpo), "max_length": cfg.max_length,
         "metrics": metrics, "initial_dev_metrics": initial, "data": cfg.data, "data_sizes": sizes, "steps": steps,
         "learning_rate": training.learning_rate, "batch_size": batch, "seed": training.seed,
-        "bad_records": bad.counts(), "trainable_parameters": info.trainable_parameters, "total_parameters": info.total_parameters,
+        "bad_records": bad.counts(), "trainable_parameters": info.trainable_parameters,
+        "total_parameters": info.total_parameters,
     }
     # After the last evaluation: saving merges LoRA into the weights, after which "LoRA off" is no reference.
     save_causal_lm(base, out, cfg.method, info.method_args, save=cfg.save, meta=meta)
@@ -220,4 +222,4 @@ def run_dpo(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = None)
                           sizes, f"{base.family} causal LM from {base.directory}", initial)
 
 
-__all__ = ["DPOTrainer", "METRIC_NAMES", "evaluate_pairs", "run_dpo"]
+__all__ = ["DPOTrainer", "evaluate_pairs", "refuse_strategy", "run_dpo"]
