@@ -180,7 +180,7 @@ def read_preferences(path: str | Path, tokenizer: Any, config: DPOConfig, max_le
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError(f"{getattr(tokenizer, 'name_or_path', None) or 'the tokenizer'} has no chat template, and "
                          "DPO renders every prompt and reply through one: give one (chat.chat_template, "
-                         "--chat.chat_template FILE.jinja) or start from a chat model")
+                         "--chat-template FILE.jinja) or start from a chat model")
     pairs = []
     with path.open("rb") as handle:
         for number, raw in enumerate(handle, start=1):
