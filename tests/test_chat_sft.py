@@ -279,3 +279,24 @@ def test_cli_chat_run_loss_falls(base_dir, chats, tmp_path, capsys):
                  "--output-dir", str(tmp_path / "strict"), "--steps", "1", "--max-length", "160"])
     error = capsys.readouterr().err
     assert code == 2 and "6 bad records, more than max_bad=5" in error and "chats.jsonl:13: turn over" in error
+
+
+def test_gpt_family_packs_the_same_way():
+    import sampan
+    from sampan.finetune.chat_encoding import EncodedChat
+
+    torch.manual_seed(0)
+    model = sampan.models.create("gpt-tiny", num_layers=2).eval()
+    sequences = [EncodedChat(torch.randint(5, 100, (n,)).tolist(), [IGNORE] * (n // 2) + [7] * (n - n // 2))
+                 for n in (10, 17, 5, 30, 8)]
+    packed = PackedDataset(sequences, 40)
+    batch = ChatCollator(0)([packed[i] for i in range(len(packed))])
+    with torch.no_grad():
+        logits = model(batch["input_ids"], attention_mask=batch["attention_mask"],
+                       position_ids=batch["position_ids"], segment_ids=batch["segment_ids"])
+        for r, row in enumerate(packed.rows):
+            offset = 0
+            for seq in row:
+                alone = model(torch.tensor([seq.input_ids]))[0]
+                assert (logits[r, offset:offset + len(seq)] - alone).abs().max().item() < 1e-5
+                offset += len(seq)

@@ -15,7 +15,7 @@ from sampan.models.init import init_transformer_weights
 from sampan.models.losses import next_token_count, next_token_loss
 from sampan.models.pretrained import PretrainedModel
 from sampan.nn import KVCache, Layer, TransformerBlock, TransformerEmbeddings, build_attention_mask
-from sampan.nn.attention import default_position_ids
+from sampan.nn.attention import build_segment_mask, default_position_ids
 
 
 class GPTModel(Layer, PretrainedModel):
@@ -47,12 +47,15 @@ class GPTModel(Layer, PretrainedModel):
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         kv_cache: KVCache | None = None,
+        segment_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``input_ids [b, s]`` -> hidden states ``[b, s, h]``.
 
         ``attention_mask [b, past + s]`` marks real tokens (1) and padding (0); with left padding
         the positions are counted from each row's first real token. ``kv_cache`` holds the keys
         and values of earlier calls, so a decoding step only feeds the newest token.
+        ``segment_ids [b, s]`` marks packed sequences: attention stays inside each one
+        (``build_segment_mask``); give ``position_ids`` restarting at 0 per sequence with it.
         """
         seq_len = input_ids.shape[1]
         past = kv_cache.seq_len() if kv_cache is not None else 0
@@ -63,7 +66,12 @@ class GPTModel(Layer, PretrainedModel):
                 f"sequence length {past + seq_len} exceeds max_position_embeddings "
                 f"({self.config.max_position_embeddings})"
             )
-        mask, is_causal = build_attention_mask(attention_mask, seq_len, past + seq_len, causal=True)
+        if segment_ids is not None:
+            if kv_cache is not None:
+                raise ValueError("segment_ids (packed sequences) are for training and scoring, not for a KV cache")
+            mask, is_causal = build_segment_mask(segment_ids, attention_mask), False
+        else:
+            mask, is_causal = build_attention_mask(attention_mask, seq_len, past + seq_len, causal=True)
         x = self.embeddings(input_ids, position_ids=position_ids)
         for i, layer in enumerate(self.layers):
             x = layer(x, mask, is_causal, kv_cache, i)
@@ -97,13 +105,15 @@ class GPTForCausalLM(Layer, PretrainedModel, GenerationMixin):
         position_ids: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         kv_cache: KVCache | None = None,
+        segment_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits ``[b, s, vocab]``, or with ``labels`` the mean next-token loss.
 
         ``labels`` are aligned with ``input_ids`` (usually a copy of them); the model shifts them
-        so position ``t`` predicts token ``t + 1``. Label -100 is ignored.
+        so position ``t`` predicts token ``t + 1``. Label -100 is ignored. ``segment_ids`` packs
+        several sequences into a row (see ``GPTModel.forward``); each one's first label must be -100.
         """
-        hidden = self.gpt(input_ids, attention_mask, position_ids, kv_cache)
+        hidden = self.gpt(input_ids, attention_mask, position_ids, kv_cache, segment_ids)
         if labels is None:
             return self.lm_head(hidden)
         return next_token_loss(self.lm_head, hidden, labels, input_ids)
