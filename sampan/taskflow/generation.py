@@ -1,10 +1,11 @@
 """``text_generation`` and ``poetry_generation``: continuations from a Chinese GPT, decoded here.
 
-The exported graph maps ``input_ids [b, s] -> logits [b, s, V]``; the decoding loop (temperature,
-top-k, repetition penalty, a seeded numpy generator) runs around the predictor. Rows are
-right-padded: attention is causal, so padding after a row's end never changes its next-token
-logits. There is no KV cache in the exported graph, so each step re-reads the whole window; for
-the tiny shipped model and short outputs that costs less than the export of a cached graph would.
+The export holds a prefill and a one-step decode graph with the KV cache as inputs and outputs
+(``sampan.inference.decoders.GraphDecoder``), so each new token costs one step over the cache; an
+older export with only the full-window graph (``input_ids -> logits``) still runs, re-reading the
+whole window per token. Past the model's window (its position table) the last window of tokens is
+re-read each step, as the full-window path always did. Sampling (temperature, top-k, repetition
+penalty, a seeded numpy generator) is ``sampan.inference.sampling``'s, around the graphs.
 """
 
 from __future__ import annotations
@@ -14,10 +15,46 @@ from typing import Any
 
 import numpy as np
 
+from sampan.inference.decoders import Decoder, FullWindowDecoder, GraphDecoder, has_decode_graphs
+from sampan.inference.sampling import SamplingParams, next_token
 from sampan.taskflow.task import Task
 from sampan.text.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID, UNK_ID
 
 _HANZI = re.compile(r"^[\u4e00-\u9fff]$")
+# Never generated; [SEP] ends a text (and is allowed once min_new_tokens are out).
+_NEVER = (PAD_ID, UNK_ID, CLS_ID, MASK_ID)
+
+
+def open_decoder(loaded) -> Decoder:
+    """The decode graphs of a loaded model's export, on its predictor's backend and device; the
+    full-window graph for an export made before they existed."""
+    window = int(loaded.config.get("max_position_embeddings", 128))
+    if has_decode_graphs(loaded.inference_dir):
+        return GraphDecoder.open(loaded.predictor.config, pad_id=PAD_ID)
+    return FullWindowDecoder(loaded.predictor, PAD_ID, window)
+
+
+class _Stream:
+    """Rows being continued on a decoder: each new token is fed once, while the rows fit the
+    window; beyond it, every row's last ``window`` tokens are read afresh each step."""
+
+    def __init__(self, decoder: Decoder, window: int, rows: list[list[int]]):
+        self.decoder, self.window = decoder, window
+        self.rows = [list(r) for r in rows]
+        self.logits = decoder.start([r[-window:] for r in self.rows])
+
+    def push(self, tokens: list[int], keep: list[int] | None = None) -> None:
+        """Append ``tokens`` to the rows at positions ``keep`` (default: all), dropping the rest;
+        ``logits`` become the next-token logits of the rows kept."""
+        if keep is not None and len(keep) < len(self.rows):
+            self.decoder.keep(np.asarray(keep, dtype=np.int64))
+            self.rows = [self.rows[i] for i in keep]
+        for row, token in zip(self.rows, tokens, strict=True):
+            row.append(token)
+        if max(len(r) for r in self.rows) > self.window:
+            self.logits = self.decoder.start([r[-self.window:] for r in self.rows])
+        else:
+            self.logits = self.decoder.advance(np.asarray(tokens, dtype=np.int64))
 
 
 class _Decoder:
@@ -28,40 +65,18 @@ class _Decoder:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         if top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 = no limit), got {top_k}")
-        self.loaded = loaded
+        self.model = open_decoder(loaded)
         self.rng = np.random.default_rng(seed)
-        self.temperature, self.top_k, self.penalty = temperature, top_k, repetition_penalty
+        self.params = SamplingParams(temperature=temperature, top_k=top_k, repetition_penalty=repetition_penalty)
         self.window = int(loaded.config.get("max_position_embeddings", 128))
 
-    def next_logits(self, rows: list[list[int]]) -> np.ndarray:
-        """Logits of the next token for each row, ``float64[b, V]``."""
-        cut = [r[-self.window:] for r in rows]
-        width = max(len(r) for r in cut)
-        ids = np.full((len(cut), width), PAD_ID, dtype=np.int64)
-        for i, r in enumerate(cut):
-            ids[i, : len(r)] = r
-        (logits,) = self.loaded.predictor.run({"input_ids": ids})
-        return np.stack([logits[i, len(r) - 1] for i, r in enumerate(cut)]).astype(np.float64)
+    def stream(self, rows: list[list[int]]) -> _Stream:
+        return _Stream(self.model, self.window, rows)
 
     def sample(self, logits: np.ndarray, history: list[int], allowed: np.ndarray | None = None,
                allow_end: bool = True) -> int:
-        logits = logits.copy()
-        if not allow_end:
-            logits[SEP_ID] = -np.inf
-        if self.penalty != 1.0 and history:
-            seen = np.unique(np.asarray(history))
-            logits[seen] = np.where(logits[seen] > 0, logits[seen] / self.penalty, logits[seen] * self.penalty)
-        logits[[PAD_ID, UNK_ID, CLS_ID, MASK_ID]] = -np.inf  # never generated; [SEP] ends a text
-        if allowed is not None:
-            logits[~allowed] = -np.inf
-        logits = logits / self.temperature
-        if self.top_k:
-            k = min(self.top_k, int(np.isfinite(logits).sum()))
-            kth = np.partition(logits, -k)[-k]
-            logits[logits < kth] = -np.inf
-        probs = np.exp(logits - logits.max())
-        probs /= probs.sum()
-        return int(self.rng.choice(len(probs), p=probs))
+        banned = _NEVER if allow_end else (*_NEVER, SEP_ID)
+        return next_token(logits, history, self.params, self.rng, banned=banned, allowed=allowed)
 
 
 class TextGeneration(Task):
@@ -94,19 +109,22 @@ class TextGeneration(Task):
         rows = [list(r) for r in rows]
         new: list[list[int]] = [[] for _ in rows]
         live = list(range(len(rows)))
+        stream = self.decoder.stream(rows)
         for step in range(self.max_new_tokens):
-            if not live:
-                break
-            logits = self.decoder.next_logits([rows[i] for i in live])
-            still = []
+            still, keep, tokens = [], [], []
             for j, i in enumerate(live):
-                token = self.decoder.sample(logits[j], rows[i], allow_end=step >= self.min_new_tokens)
+                token = self.decoder.sample(stream.logits[j], rows[i], allow_end=step >= self.min_new_tokens)
                 if token == SEP_ID:  # end of a document in the training rows
                     continue
                 rows[i].append(token)
                 new[i].append(token)
                 still.append(i)
+                keep.append(j)
+                tokens.append(token)
             live = still
+            if not live or step + 1 == self.max_new_tokens:
+                break
+            stream.push(tokens, keep)
         return new
 
     def _postprocess(self, texts: list[str], inputs: Any, outputs: list[list[int]]) -> list[dict[str, Any]]:
@@ -149,13 +167,19 @@ class PoetryGeneration(TextGeneration):
             written = [t for t in row[1:] if self.hanzi[t]]
             poem = list(written)
             total = self.lines * self.line_chars
+            stream, fed = None, 0
             while len(poem) < total or len(poem) % self.line_chars:
                 if poem and len(poem) % self.line_chars == 0 and row[-1] not in self.marks.values():
                     mark = "，" if (len(poem) // self.line_chars) % 2 else "。"
                     row.append(self.marks[mark])
                     continue
-                logits = self.decoder.next_logits([row])[0]
-                token = self.decoder.sample(logits, row, allowed=self.hanzi)
+                if stream is None:
+                    stream = self.decoder.stream([row])
+                else:
+                    for token in row[fed:]:  # what was written since the model last read the row
+                        stream.push([token])
+                fed = len(row)
+                token = self.decoder.sample(stream.logits[0], row, allowed=self.hanzi)
                 row.append(token)
                 poem.append(token)
             text = ""

@@ -25,7 +25,7 @@ from sampan.text.tokenizer import ChineseTokenizer
 from sampan.utils.atomic import file_lock
 from sampan.utils.paths import cache_dir
 
-_EXPORT_VERSION = "1"  # bump when the exported signature changes, to invalidate old caches
+_EXPORT_VERSION = "2"  # bump when the exported signature changes, to invalidate old caches (2: decode graphs)
 _lock = threading.Lock()
 
 
