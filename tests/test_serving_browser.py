@@ -1,7 +1,8 @@
 """The demo page at `/` in headless Chromium (Debian's /usr/bin/chromium driven by the Python
 playwright package; no browser download): type Chinese text, see the sentiment and its score, the
 NER spans highlighted in the text, and a generated continuation - all from the real Taskflow tasks
-behind a real `sampan serve` process.
+behind a real `sampan serve` process. With a chat model (`--model`), the chat box: type a message,
+see the reply stream in from /v1/chat/completions.
 
 `.ci/run` installs chromium before `make test`; without it this file is skipped and says why.
 """
@@ -14,6 +15,7 @@ import httpx
 import pytest
 
 from sampan.server_process import ServerProcess
+from tests.tiny_chat_model import GREETING, MEMORISED, build_chat_model_dir
 
 CHROMIUM = "/usr/bin/chromium"
 # From /work/shared/DEPS-VERIFIED.md: headless, no sandbox (root in CI), nothing that phones home.
@@ -105,4 +107,36 @@ def test_page_shows_the_error_message_for_bad_input(server, browser):
     assert page.get_attribute("body", "data-state") == "error"
     error = page.text_content("#error")
     assert "text_too_long" in error and "max_text_chars" in error
+    page.close()
+
+
+@pytest.fixture(scope="module")
+def chat_server(tmp_path_factory):
+    model = build_chat_model_dir(tmp_path_factory.mktemp("chat") / "tiny", context=512)
+    with ServerProcess(["--model", str(model), "--device", "cpu", "--log-level", "warning"]) as proc:
+        yield proc
+
+
+def test_chat_box_streams_the_reply(chat_server, browser):
+    page = browser.new_page()
+    requested: list[str] = []
+    page.on("request", lambda request: requested.append(request.url))
+    page.goto(f"{chat_server.url}/")
+    page.wait_for_selector("body[data-ready='1']", timeout=30_000)
+    assert page.is_visible("#chat-card")
+    page.fill("#chat-input", GREETING[0]["content"])
+    page.click("#chat-send")
+    page.wait_for_selector("body[data-chat]", timeout=60_000)
+    assert page.get_attribute("body", "data-chat") == "done", page.text_content("#chat-error")
+    assert page.eval_on_selector_all("#chat-log .msg.user", "ms => ms.map(m => m.textContent)") == ["你好"]
+    reply = page.query_selector("#chat-log .msg.assistant")
+    assert reply.text_content() == MEMORISED  # the page asks for greedy replies; the model memorised this one
+    assert int(reply.get_attribute("data-chunks")) > 1  # it arrived piece by piece, not at once
+    # A second turn sends the whole conversation; the page keeps both turns.
+    page.fill("#chat-input", "再来一次")
+    page.click("#chat-send")
+    page.wait_for_function("document.querySelectorAll('#chat-log .msg.assistant').length == 2 && "
+                           "document.body.dataset.chat", timeout=60_000)
+    assert page.get_attribute("body", "data-chat") == "done", page.text_content("#chat-error")
+    assert requested and all(url.startswith(chat_server.url) for url in requested), requested
     page.close()

@@ -8,6 +8,10 @@ request must still work. Requests are malformed by construction (random bytes, r
 near-misses of the schema, wrong methods / content types / routes); any example that happens to be
 a valid request is discarded with ``assume`` so the check stays exact.
 
+The OpenAI-compatible endpoints of a chat model (``--model``) are fuzzed the same way: malformed
+chat / completion requests must each get their one status in OpenAI's error shape
+(``{"error": {"message", "type", "param", "code"}}``) and never reach the model.
+
 The limits themselves are checked at the boundary: a request exactly at ``max_inputs_per_request``,
 ``max_text_chars`` or ``max_body_bytes`` (by Content-Length and chunked) is answered 200, and one
 unit past it 413 - so an off-by-one (``>=`` for ``>``) in a limit check fails here
@@ -32,6 +36,7 @@ import sampan
 from sampan.server_process import ServerProcess
 from sampan.serving.config import ServingConfig
 from sampan.static import InputSpec
+from tests.tiny_chat_model import build_chat_model_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
@@ -44,6 +49,7 @@ MAX_INPUTS, MAX_CHARS, MAX_BODY = (LIMITS[k] for k in ("max_inputs_per_request",
 EXAMPLES = 1_100  # >= 1,000 requests; about 15-30 s against the local server on 2 shared cores
 JSON_HEADERS = {"content-type": "application/json"}
 TASK_PATH, MODEL_PATH = f"/v1/tasks/{TASK}", "/v1/models/lin/predict"
+CHAT_PATH, COMPLETION_PATH, CHAT_MODEL, CHAT_CONTEXT = "/v1/chat/completions", "/v1/completions", "tiny-chat", 64
 
 assert set(LIMITS) <= {f.name for f in dataclasses.fields(ServingConfig)}, "LIMITS names a non-existent setting"
 
@@ -56,7 +62,9 @@ def server(tmp_path_factory):
     folder = tmp_path_factory.getbasetemp() / "serving_tiny_model"
     if not (folder / "inference.json").is_file():
         sampan.jit.save(model, folder / "inference", input_spec=[InputSpec([None, 4], "float32", "x")])
-    args = ["--task", TASK, "--model-dir", f"lin={folder}", "--log-level", "critical"]
+    chat = build_chat_model_dir(tmp_path_factory.mktemp("fuzz_chat") / "tiny", context=CHAT_CONTEXT, train_steps=0)
+    args = ["--task", TASK, "--model-dir", f"lin={folder}", "--model", str(chat), "--served-model-name", CHAT_MODEL,
+            "--device", "cpu", "--log-level", "critical"]
     for name, value in LIMITS.items():
         args += [f"--{name.replace('_', '-')}", str(value)]
     with ServerProcess(args) as proc:
@@ -90,9 +98,9 @@ def _send(client: httpx.Client, method: str, path: str, headers: dict, body: byt
     return client.request(method, path, headers=headers, content=pieces())
 
 
-def _error(response: httpx.Response) -> dict:
+def _error(response: httpx.Response, openai: bool = False) -> dict:
     error = response.json()["error"]
-    assert set(error) == {"code", "message"}, error
+    assert set(error) == ({"message", "type", "param", "code"} if openai else {"code", "message"}), error
     assert isinstance(error["code"], str) and error["code"]
     assert isinstance(error["message"], str) and error["message"]
     return error
@@ -172,6 +180,24 @@ def _with_item(draw, item: object) -> dict:
     return {"inputs": items}
 
 
+_GOOD_CHAT = {"model": CHAT_MODEL, "messages": [{"role": "user", "content": "你好"}], "max_tokens": 2}
+# field -> values the schema refuses (wrong type or out of OpenAI's range)
+_BAD_CHAT_VALUES = {
+    "temperature": [-0.1, 2.01, "hot", None, [1]], "top_p": [0, -1, 1.5, "x"], "n": [0, -3, 1.5, "2"],
+    "max_tokens": [0, -5, 2.5, "8"], "stream": ["yes", 1, None], "seed": [1.5, "7"], "stop": [3, [1, 2], {"a": 1}],
+    "messages": [[], "hi", [{"role": "robot", "content": "x"}], [{"content": "x"}], [{"role": "user", "content": 5}]],
+    "model": [None, 3, ["m"]], "stream_options": [{"include_usage": "yes"}, {"other": True}, 5],
+}
+
+
+def _valid_chat_body(body: object) -> bool:
+    return isinstance(body, dict) and {"model", "messages"} <= set(body)
+
+
+def _chat(body: bytes, path: str = CHAT_PATH, headers: dict | None = None) -> tuple[str, str, dict, bytes, bool]:
+    return "POST", path, JSON_HEADERS if headers is None else headers, body, False
+
+
 def _task(body: bytes, headers: dict | None = None) -> tuple[str, str, dict, bytes, bool]:
     return "POST", TASK_PATH, JSON_HEADERS if headers is None else headers, body, False
 
@@ -207,6 +233,16 @@ EXPECTED: dict[str, tuple[int, set[str]]] = {
     "no_content_type": (415, {"unsupported_media_type"}),
     "too_big": (413, {"body_too_large"}),             # over max_body_bytes by Content-Length
     "too_big_chunked": (413, {"body_too_large"}),     # over max_body_bytes, streamed without Content-Length
+    # the OpenAI endpoints of the chat model (OpenAI's error shape; a schema error is a 400 there)
+    "chat_bytes": (400, {"invalid_json"}),
+    "chat_json": (400, {"invalid_request"}),          # random JSON that is not a chat / completion request
+    "chat_bad_value": (400, {"invalid_request"}),     # one field of a good request of the wrong type or range
+    "chat_extra_key": (400, {"invalid_request"}),     # a field OpenAI's API does not have (or sampan refuses)
+    "chat_unknown_model": (404, {"model_not_found"}),
+    "chat_too_long": (400, {"context_length_exceeded"}),  # prompt (or prompt + max_tokens) over the context
+    "chat_content_type": (415, {"unsupported_media_type"}),
+    "chat_method": (405, {"method_not_allowed"}),
+    "chat_too_big": (413, {"body_too_large"}),
 }
 
 
@@ -280,6 +316,8 @@ def requests(draw) -> tuple[str, tuple[str, str, dict, bytes, bool]]:
     if kind == "model_too_many_rows":
         rows = draw(st.lists(_good_row, min_size=MAX_INPUTS + 1, max_size=MAX_INPUTS + 20))
         return kind, ("POST", MODEL_PATH, JSON_HEADERS, _model_body(rows), False)
+    if kind.startswith("chat_"):
+        return kind, _chat_request(draw, kind, ascii_json)
     if kind == "method":
         method = draw(st.sampled_from(["GET", "PUT", "DELETE", "PATCH"]))
         return kind, (method, draw(st.sampled_from([TASK_PATH, MODEL_PATH])), JSON_HEADERS,
@@ -295,6 +333,57 @@ def requests(draw) -> tuple[str, tuple[str, str, dict, bytes, bool]]:
     return kind, ("POST", TASK_PATH, JSON_HEADERS, body, kind == "too_big_chunked")
 
 
+def _chat_request(draw, kind: str, ascii_json: bool) -> tuple[str, str, dict, bytes, bool]:
+    path = draw(st.sampled_from([CHAT_PATH, COMPLETION_PATH]))
+    good = dict(_GOOD_CHAT) if path == CHAT_PATH else {"model": CHAT_MODEL, "prompt": "你好", "max_tokens": 2}
+    if kind == "chat_bytes":
+        raw = draw(st.binary(min_size=1, max_size=200))
+        assume(not _parses(raw)[0])
+        return _chat(raw, path)
+    if kind == "chat_json":
+        body = draw(_json)
+        assume(not _valid_chat_body(body) and not (isinstance(body, dict) and "prompt" in body))
+        return _chat(json.dumps(body, ensure_ascii=ascii_json).encode(), path)
+    if kind == "chat_bad_value":
+        field = draw(st.sampled_from(sorted(_BAD_CHAT_VALUES)))
+        if path == COMPLETION_PATH and field == "messages":
+            field, good["prompt"] = "prompt", draw(st.sampled_from([None, 5, [1.5], {"a": 1}, ["x"]]))
+        else:
+            good[field] = draw(st.sampled_from(_BAD_CHAT_VALUES[field]))
+        return _chat(json.dumps(good, ensure_ascii=ascii_json).encode(), path)
+    if kind == "chat_extra_key":
+        key = draw(st.one_of(st.sampled_from(["logprobs", "tools", "presence_penalty", "logit_bias", "best_of",
+                                              "frequency_penalty", "response_format", "Model"]),
+                             st.text(min_size=1, max_size=8)))
+        assume(key not in type_fields(path))
+        good[key] = draw(_json_leaf)
+        return _chat(json.dumps(good, ensure_ascii=ascii_json).encode(), path)
+    if kind == "chat_unknown_model":
+        good["model"] = draw(st.text(max_size=20).filter(lambda name: name != CHAT_MODEL))
+        return _chat(json.dumps(good, ensure_ascii=ascii_json).encode(), path)
+    if kind == "chat_too_long":
+        if draw(st.booleans()):
+            good["max_tokens"] = draw(st.integers(CHAT_CONTEXT, 10**9))  # the prompt is a few tokens
+        else:
+            text = "今天天气真好，" * draw(st.integers(CHAT_CONTEXT // 2, MAX_BODY // 40))
+            good.update({"messages": [{"role": "user", "content": text}]} if path == CHAT_PATH else {"prompt": text})
+        return _chat(json.dumps(good, ensure_ascii=ascii_json).encode(), path)
+    if kind == "chat_content_type":
+        ctype = draw(st.sampled_from(["text/plain", "application/xml", "multipart/form-data", "text/json"]))
+        return _chat(json.dumps(good).encode(), path, {"content-type": ctype})
+    if kind == "chat_method":
+        return draw(st.sampled_from(["GET", "PUT", "DELETE", "PATCH"])), path, JSON_HEADERS, json.dumps(good).encode(), False
+    # chat_too_big: a good request padded past max_body_bytes
+    return "POST", path, JSON_HEADERS, _padded(good, draw(st.integers(MAX_BODY + 1, MAX_BODY * 4))), draw(st.booleans())
+
+
+def type_fields(path: str) -> set[str]:
+    """The fields the endpoint's schema takes (an extra key must be none of them)."""
+    from sampan.serving.openai_schemas import ChatCompletionRequest, CompletionRequest
+
+    return set((ChatCompletionRequest if path == CHAT_PATH else CompletionRequest).model_fields)
+
+
 def test_malformed_requests_each_get_their_one_status_and_the_server_survives(server, client):
     sent: dict[str, int] = {}
 
@@ -308,7 +397,8 @@ def test_malformed_requests_each_get_their_one_status_and_the_server_survives(se
         sent[kind] = sent.get(kind, 0) + 1
         status, codes = EXPECTED[kind]
         assert response.status_code == status, (kind, method, path, headers, body[:200], response.text[:300])
-        assert _error(response)["code"] in codes, (kind, body[:200], response.text[:300])
+        openai = path in (CHAT_PATH, COMPLETION_PATH)
+        assert _error(response, openai)["code"] in codes, (kind, body[:200], response.text[:300])
 
     fuzz()
 
@@ -318,6 +408,10 @@ def test_malformed_requests_each_get_their_one_status_and_the_server_survives(se
     assert client.get("/healthz").json()["status"] == "ok"
     good = client.post(TASK_PATH, json={"inputs": ["今天天气真好"]})
     assert good.status_code == 200 and good.json()["outputs"][0]["label"] in ("positive", "negative")
+    reply = client.post(CHAT_PATH, json=_GOOD_CHAT)
+    assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] >= 1
+    # None of the refused requests reached the model: the one decode step is the good request's second token.
+    assert 'sampan_batch_size_count{target="chat"} 1.0' in client.get("/metrics").text
     # Every refusal was counted under its route template, none as a 5xx.
     metrics = client.get("/metrics").text
     assert 'status="5' not in metrics
