@@ -288,3 +288,18 @@ def test_gpu_script_mfu_stays_within_one_on_a_busy_machine(tmp_path):
         for side, timing in result["sections"]["train"][name]["eager"]["sides"].items():
             assert 0 < timing["mfu"] <= 1, (name, side, timing["mfu"], result["peak_bf16_source"])
             assert timing["gemm_share"] > 0
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.multiprocess
+def test_chat_serving_quick_compares_three_sides_on_the_same_requests(tmp_path):
+    out = tmp_path / "chat_serving.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "chat_serving.py"), "--quick", "--out", str(out)],
+                   check=True, capture_output=True, text=True, timeout=280)
+    result = json.loads(out.read_text())
+    assert set(result["runs"]) == {"continuous", "one_at_a_time", "hf_static"}
+    for side in result["runs"].values():
+        for run in side.values():
+            assert run["requests"] == result["requests_per_block"] * result["repeats"]
+            assert run["requests_per_s"] > 0 and run["ttft_p50_ms"] > 0
+    assert set(result["ratios"]) == set(result["runs"]["continuous"])

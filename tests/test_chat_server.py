@@ -302,3 +302,51 @@ def test_a_full_queue_answers_429_and_disconnects_free_their_slots(server):
     ok = httpx.post(f"{server.url}/v1/chat/completions",
                     json={"model": NAME, "messages": GREETING, "temperature": 0, "max_tokens": 200}, timeout=60)
     assert ok.json()["choices"][0]["message"]["content"] == MEMORISED
+
+
+# ------------------------------------------------------------------ the engine against eager generate
+
+
+def _engine_texts(chat, prompts: list[list[int]], max_tokens: int) -> list[str]:
+    from sampan.serving.chat_engine import ChatEngine, SamplingParams
+
+    engine = ChatEngine(chat.model, chat.tokenizer, chat.num_layers, chat.eos_ids, chat.pad_id, max_running=4)
+    done = threading.Semaphore(0)
+    texts: list[list[str]] = [[] for _ in prompts]
+
+    def emitter(i: int):
+        def emit(event) -> None:
+            texts[i].append(event.text)
+            if event.finish_reason is not None:
+                done.release()
+        return emit
+
+    for i, prompt in enumerate(prompts):  # queued together: they prefill and decode as one batch
+        engine.submit(prompt, [SamplingParams(max_tokens=max_tokens, temperature=0)], [emitter(i)])
+    engine.start()
+    try:
+        for _ in prompts:
+            assert done.acquire(timeout=60)
+    finally:
+        engine.stop()
+    return ["".join(t) for t in texts]
+
+
+@pytest.mark.parametrize("which", ["tiny-llama", "gpt-zh"])
+def test_batched_greedy_replies_equal_eager_generate_one_by_one(which, model_dir):
+    """Rows of different lengths in one batch (padded, masked) give what `generate` gives each alone;
+    `gpt-zh` is a store name (sampan's layout, learned positions, no chat template)."""
+    import torch
+
+    from sampan.serving.chat_model import ChatModel
+
+    chat = ChatModel(model_dir if which == "tiny-llama" else "gpt-zh", device="cpu")
+    texts = ["床前明月光", "今天天气真好，我们去公园散步吧。", "你好", "人工智能的发展趋势是什么？请详细说明。"]
+    prompts = [chat.text_prompt(t) for t in texts]
+    max_tokens = 24
+    expected = []
+    for prompt in prompts:
+        out = chat.model.generate(torch.tensor([prompt]), max_new_tokens=max_tokens, eos_token_id=chat.eos_ids)
+        new = [t for t in out[0, len(prompt):].tolist() if t not in chat.eos_ids]
+        expected.append(chat.tokenizer.decode(new, skip_special_tokens=True))
+    assert _engine_texts(chat, prompts, max_tokens) == expected
