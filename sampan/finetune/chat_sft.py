@@ -15,8 +15,10 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import os
 import shutil
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +83,24 @@ def _takes_segments(model: torch.nn.Module) -> bool:
     return "segment_ids" in inspect.signature(model.forward).parameters
 
 
+def _save_from_fleet(cfg: FinetuneConfig, trainer: Trainer, out: Path, meta: dict[str, Any]) -> None:
+    """On a fleet layout the trained weights are split over the ranks: rank 0 rebuilds the model
+    (base + the same method) and loads the run's last checkpoint into it, which holds every slice,
+    then saves it as a run in one process would; the other ranks wait."""
+    from sampan.checkpoint.discovery import checkpoint_dir_name
+    from sampan.distributed.checkpoint import load_distributed
+
+    if trainer.backend.is_main:
+        whole = load_causal_lm(cfg.model, cfg.chat.chat_template)
+        info = apply_causal_method(whole.model, cfg.method, method_args(cfg), cfg.freeze)
+        checkpoint = Path(trainer.args.output_dir) / checkpoint_dir_name(trainer.state.global_step)
+        # load_distributed reads a fleet model's ``.model``; a bare Llama's ``.model`` is its
+        # decoder, so hand it the whole causal LM under that name.
+        load_distributed(checkpoint, types.SimpleNamespace(model=whole.model), no_dist=True)
+        save_causal_lm(whole, out, cfg.method, info.method_args, cfg.save, meta)
+    trainer.backend.barrier()
+
+
 def run_chat_sft(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = None):
     """Fine-tune ``cfg.model`` on ``cfg.data``'s conversations; returns a ``FinetuneResult`` whose
     ``metrics`` hold the final dev ``loss`` and ``initial_dev_metrics`` the loss before training."""
@@ -113,7 +133,8 @@ def run_chat_sft(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = 
     train_set = make(train)
     dev_set = make(dev) if dev else None
     pad_id = base.tokenizer.pad_token_id if base.tokenizer.pad_token_id is not None else 0
-    collator = ChatCollator(pad_id)
+    # With a strategy the micro-batches of a step are concatenated: give them all one length.
+    collator = ChatCollator(pad_id, pad_to=cfg.max_length if training.strategy is not None else None)
     batch = training.per_device_train_batch_size
     if len(train_set) < batch:
         raise ValueError(f"only {len(train_set)} training rows ({len(train)} conversations"
@@ -122,8 +143,14 @@ def run_chat_sft(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = 
     steps = (training.max_steps if training.max_steps > 0
              else max(1, math.ceil(training.num_train_epochs * (len(train_set) // batch)
                                    / training.gradient_accumulation_steps)))
+    # A small dev split still gets scored: the eval batch shrinks to fit it over the ranks.
+    ranks = int(os.environ.get("WORLD_SIZE", "1")) if training.strategy is not None else 1
+    if dev_set is not None and len(dev_set) < ranks:
+        print(f"dev split: {len(dev_set)} rows for {ranks} ranks, too few to score; no dev loss")
+        dev_set = None
+    eval_batch = max(1, min(training.per_device_eval_batch_size, len(dev_set) // ranks)) if dev_set else 1
     args = dataclasses.replace(
-        training, output_dir=str(out / TRAINING_DIR), max_steps=steps,
+        training, output_dir=str(out / TRAINING_DIR), max_steps=steps, per_device_eval_batch_size=eval_batch,
         warmup_steps=training.warmup_for(steps), warmup_ratio=0.0, logging_steps=min(training.logging_steps, steps),
         overwrite_output_dir=True)
     scores = DevLoss()
@@ -144,8 +171,10 @@ def run_chat_sft(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = 
             "learning_rate": training.learning_rate, "batch_size": batch, "seed": training.seed,
             "metrics": dev_metrics, "initial_dev_metrics": initial, "bad_records": bad.counts(),
             "trainable_parameters": info.trainable_parameters, "total_parameters": info.total_parameters}
-    if trainer.backend.is_main:
+    if training.strategy is None:
         save_causal_lm(base, out, cfg.method, info.method_args, cfg.save, meta)
+    else:
+        _save_from_fleet(cfg, trainer, out, meta)
     fill = f", rows {train_set.fill():.0%} full" if chat.packing else ""
     report = (f"{base.family} causal LM from {base.directory}; {len(train)} conversations in {len(train_set)} rows"
               f"{fill}; {cfg.method}: {info.trainable_parameters:,} of {info.total_parameters:,} parameters train")

@@ -94,14 +94,20 @@ class ChatCollator:
     """Pads a list of rows (packed or not) to the longest in the batch, on the right.
 
     Padding gets ``pad_id`` as input, -100 as label and 0 in ``attention_mask`` (so the Trainer
-    counts real tokens); packed rows also get ``PAD_SEGMENT`` and position 0 there.
+    counts real tokens); packed rows also get ``PAD_SEGMENT`` and position 0 there. ``pad_to``
+    pads every batch to that length instead (a fleet strategy concatenates micro-batches, which
+    must then share one length).
     """
 
-    def __init__(self, pad_id: int = 0):
-        self.pad_id = pad_id
+    def __init__(self, pad_id: int = 0, pad_to: int | None = None):
+        self.pad_id, self.pad_to = pad_id, pad_to
 
     def __call__(self, rows: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         longest = max(len(row["input_ids"]) for row in rows)
+        if self.pad_to is not None:
+            if longest > self.pad_to:
+                raise ValueError(f"a row of {longest} tokens is longer than pad_to={self.pad_to}")
+            longest = self.pad_to
         fills = {"input_ids": self.pad_id, "labels": IGNORE, "position_ids": 0, "segment_ids": PAD_SEGMENT}
         batch: dict[str, torch.Tensor] = {}
         for key in rows[0]:
