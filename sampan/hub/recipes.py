@@ -211,10 +211,10 @@ CHAT_BASE = dict(
     model={"name": "llama-tiny", "overrides": {"hidden_size": 192, "num_layers": 4, "num_heads": 4, "num_kv_heads": 4,
                                                "intermediate_size": 512, "tie_word_embeddings": True,
                                                "rope_theta": 10000.0, "rope_scaling": None}},
-    training={"max_steps": 600, "per_device_train_batch_size": 16, "per_device_eval_batch_size": 32,
-              "learning_rate": 3e-3, "lr_scheduler": "cosine", "warmup_steps": 50, "min_lr_ratio": 0.1,
-              "weight_decay": 0.1, "max_grad_norm": 1.0, "seed": 0, "logging_steps": 25, "eval_steps": 300,
-              "save_steps": 300, "save_total_limit": 1, "overwrite_output_dir": True},
+    training={"max_steps": 300, "per_device_train_batch_size": 16, "per_device_eval_batch_size": 32,
+              "learning_rate": 3e-3, "lr_scheduler": "cosine", "warmup_steps": 30, "min_lr_ratio": 0.1,
+              "weight_decay": 0.1, "max_grad_norm": 1.0, "seed": 0, "logging_steps": 25, "eval_steps": 150,
+              "save_steps": 150, "save_total_limit": 1, "overwrite_output_dir": True},
     eval_windows=128, poetry_docs=12000, poetry_test_docs=300)
 
 
@@ -244,14 +244,14 @@ class ChatRecipe:
         "finetune.training.output_dir": "set by the recipe ($SAMPAN_HOME/build/chat-zh-tiny)"}
 
     pretraining: GPTRecipe = nested(GPTRecipe, **CHAT_BASE)
-    chat_data: ChatDataConfig = nested(ChatDataConfig, per_task=3000, held_out_per_task=200, word_separator="/")
-    # Full SFT (the whole 2.9M-parameter model is smaller than most LoRA'd ones); about 2.5 epochs
-    # of the 15,000 records, packed into 192-token rows.
+    chat_data: ChatDataConfig = nested(ChatDataConfig, per_task=2000, held_out_per_task=100, word_separator="/")
+    # Full SFT (the whole 2.9M-parameter model is smaller than most LoRA'd ones): about one pass over
+    # the 10,000 records, packed into 192-token rows.
     finetune: FinetuneConfig = nested(
         # model and data name what build_chat sets them to (the base it pretrains, the set it builds)
         FinetuneConfig, task="chat", model="chat-zh-tiny-base/model", data="chat-zh-tiny-data/train.jsonl",
         method="full", max_length=192, save="merged",
-        training={"max_steps": 600, "per_device_train_batch_size": 16, "learning_rate": 1e-3, "warmup_steps": 30,
+        training={"max_steps": 300, "per_device_train_batch_size": 16, "learning_rate": 1e-3, "warmup_steps": 20,
                   "lr_scheduler": "cosine", "min_lr_ratio": 0.1, "eval_steps": 0, "save_steps": 0, "seed": 0,
                   "overwrite_output_dir": True})
     reply_tokens: int = 64
