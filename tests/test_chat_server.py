@@ -243,6 +243,10 @@ def test_errors_come_in_openai_shape(server, client):
     assert "logit_bias" in error["message"]
     _openai_error(httpx.post(url, content=b"{not json", headers={"content-type": "application/json"}),
                   400, "invalid_json")
+    completions = f"{server.url}/v1/completions"
+    error = _openai_error(httpx.post(completions, json={"model": NAME, "prompt": [5, 10**6]}), 400, "invalid_prompt")
+    assert error["param"] == "prompt" and "vocabulary" in error["message"]
+    _openai_error(httpx.post(completions, json={"model": NAME, "prompt": ""}), 400, "invalid_prompt")
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": long_prompt}])
 

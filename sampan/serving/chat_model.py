@@ -91,10 +91,10 @@ class ChatModel:
         """A plain prompt's token ids (a list of ids is taken as given, as OpenAI's API allows)."""
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt)
-        vocab = len(self.tokenizer)
-        bad = [t for t in prompt if not 0 <= t < max(vocab, self.model.config.vocab_size)]
+        vocab = int(self.model.config.vocab_size)
+        bad = [t for t in prompt if not 0 <= t < vocab]
         if bad:
-            raise ServingError(400, "invalid_prompt", f"token ids {bad[:5]} are outside the vocabulary "
+            raise ServingError(400, "invalid_prompt", f"token ids {bad[:5]} are outside the model's vocabulary "
                                                       f"(0..{vocab - 1})", param="prompt")
         return list(prompt)
 
