@@ -172,7 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=None, help="blocks per side and client count (full 2)")
     parser.add_argument("--hidden", type=int, default=None, help="model width (full 128)")
     parser.add_argument("--layers", type=int, default=None, help="decoder layers (full 4)")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads, server and transformers alike")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads, server and transformers alike (default 1: on a 2-core machine "
+                             "the server's HTTP loop and the client need the other core, and 2 threads on a busy "
+                             "machine made every small op wait for both - transformers' generate ran 10x slower)")
     parser.add_argument("--quick", action="store_true", help="a few seconds, for the test of the JSON schema")
     parser.add_argument("--out", default=None, help=f"results JSON (default: {RESULTS})")
     args = parser.parse_args(argv)
@@ -205,8 +208,9 @@ def main(argv: list[str] | None = None) -> int:
                 for clients in counts:
                     for side in sides if r % 2 == 0 else sides[::-1]:
                         blocks[side][str(clients)].append(measure(side, clients))
-                        print(f"  {side:14s} {clients:3d} clients, block {r + 1}: {blocks[side][str(clients)][-1]}",
-                              file=sys.stderr)
+                        block = blocks[side][str(clients)][-1]
+                        print(f"  {side:14s} {clients:3d} clients, block {r + 1}: {block['requests']} requests in "
+                              f"{block['seconds']:.2f} s", file=sys.stderr)
         finally:
             for server in servers.values():
                 server.stop()

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -71,15 +73,54 @@ async def _wait_disconnect(request: Request) -> None:
             return
 
 
+class _Mailbox:
+    """Events from the engine thread to the event loop, one wake-up per batch of them.
+
+    A decode step of 32 sequences produces 32 events at once; waking the loop once for all of them
+    (instead of one ``call_soon_threadsafe`` each, a pipe write apiece) keeps the loop's share of
+    a step small.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._items: list[tuple[asyncio.Queue, Any]] = []
+        self._scheduled = False
+
+    def post(self, queue: asyncio.Queue, item: Any) -> None:
+        with self._lock:
+            self._items.append((queue, item))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        self._loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self._lock:
+            items, self._items, self._scheduled = self._items, [], False
+        for queue, item in items:
+            queue.put_nowait(item)
+
+
+_MAILBOXES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Mailbox] = weakref.WeakKeyDictionary()
+
+
+def _mailbox() -> _Mailbox:
+    loop = asyncio.get_running_loop()
+    if loop not in _MAILBOXES:
+        _MAILBOXES[loop] = _Mailbox(loop)
+    return _MAILBOXES[loop]
+
+
 class _Run:
     """One request's sequences in the engine and the queue their events arrive on."""
 
     def __init__(self, engine: ChatEngine, prompt: list[int], params: list[SamplingParams]):
-        loop = asyncio.get_running_loop()
+        mailbox = _mailbox()
         self.queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
 
         def emitter(index: int):
-            return lambda event: loop.call_soon_threadsafe(self.queue.put_nowait, (index, event))
+            return lambda event: mailbox.post(self.queue, (index, event))
 
         try:
             self.handles: list[SequenceHandle] = engine.submit(prompt, params, [emitter(i) for i in range(len(params))])
@@ -87,8 +128,9 @@ class _Run:
             raise ServingError(429, "queue_full", f"the server is at capacity: {error}; retry later") from None
         self.open = len(params)
 
-    async def events(self, request: Request) -> AsyncIterator[tuple[int, Event]]:
-        """Events until every sequence finished; stops early (cancelling them) if the client leaves."""
+    async def events(self, request: Request) -> AsyncIterator[list[tuple[int, Event]]]:
+        """Events, in batches of those already arrived, until every sequence finished; stops early
+        (cancelling them) if the client leaves."""
         watcher = asyncio.ensure_future(_wait_disconnect(request))
         try:
             while self.open:
@@ -97,10 +139,11 @@ class _Run:
                 if getter not in done:
                     getter.cancel()
                     return  # the client left
-                index, event = getter.result()
-                if event.finish_reason is not None:
-                    self.open -= 1
-                yield index, event
+                batch = [getter.result()]
+                while not self.queue.empty():
+                    batch.append(self.queue.get_nowait())
+                self.open -= sum(event.finish_reason is not None for _, event in batch)
+                yield batch
         finally:
             watcher.cancel()
             self.cancel()
@@ -175,14 +218,15 @@ def _usage(prompt: int, completion: int) -> dict:
 async def _collect(run: _Run, request: Request, n: int) -> tuple[list[str], list[str | None], list[int]]:
     texts, reasons, tokens = [""] * n, [None] * n, [0] * n
     parts: list[list[str]] = [[] for _ in range(n)]
-    async for index, event in run.events(request):
-        if event.finish_reason == "error":
-            raise ServingError(500, "model_error", f"generation failed ({event.error}); it is logged and the "
-                                                   "service keeps running")
-        parts[index].append(event.text)
-        tokens[index] = event.completion_tokens
-        if event.finish_reason is not None:
-            reasons[index] = event.finish_reason
+    async for batch in run.events(request):
+        for index, event in batch:
+            if event.finish_reason == "error":
+                raise ServingError(500, "model_error", f"generation failed ({event.error}); it is logged and the "
+                                                       "service keeps running")
+            parts[index].append(event.text)
+            tokens[index] = event.completion_tokens
+            if event.finish_reason is not None:
+                reasons[index] = event.finish_reason
     for i in range(n):
         texts[i] = "".join(parts[i])
     return texts, reasons, tokens
@@ -202,17 +246,21 @@ async def _chat_stream(run: _Run, request: Request, meta: dict, prompt_len: int,
         for i in range(n):
             yield _sse({**base, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
                                              "logprobs": None, "finish_reason": None}], **extra})
-        async for index, event in run.events(request):
-            if event.finish_reason == "error":
-                yield _error_chunk(event)
-                return
-            tokens[index] = event.completion_tokens
-            if event.text:
-                yield _sse({**base, "choices": [{"index": index, "delta": {"content": event.text}, "logprobs": None,
-                                                 "finish_reason": None}], **extra})
-            if event.finish_reason is not None:
-                yield _sse({**base, "choices": [{"index": index, "delta": {}, "logprobs": None,
-                                                 "finish_reason": event.finish_reason}], **extra})
+        async for batch in run.events(request):
+            out = []  # the events that arrived together go out in one write
+            for index, event in batch:
+                if event.finish_reason == "error":
+                    yield b"".join(out) + _error_chunk(event)
+                    return
+                tokens[index] = event.completion_tokens
+                if event.text:
+                    out.append(_sse({**base, "choices": [{"index": index, "delta": {"content": event.text},
+                                                          "logprobs": None, "finish_reason": None}], **extra}))
+                if event.finish_reason is not None:
+                    out.append(_sse({**base, "choices": [{"index": index, "delta": {}, "logprobs": None,
+                                                          "finish_reason": event.finish_reason}], **extra}))
+            if out:
+                yield b"".join(out)
         if include_usage:
             yield _sse({**base, "choices": [], "usage": _usage(prompt_len, sum(tokens))})
         yield b"data: [DONE]\n\n"
@@ -230,14 +278,18 @@ async def _completion_stream(run: _Run, request: Request, meta: dict, prompt_len
             for i in range(n):
                 yield _sse({**base, "choices": [{"index": i, "text": echo, "logprobs": None,
                                                  "finish_reason": None}], **extra})
-        async for index, event in run.events(request):
-            if event.finish_reason == "error":
-                yield _error_chunk(event)
-                return
-            tokens[index] = event.completion_tokens
-            if event.text or event.finish_reason is not None:
-                yield _sse({**base, "choices": [{"index": index, "text": event.text, "logprobs": None,
-                                                 "finish_reason": event.finish_reason}], **extra})
+        async for batch in run.events(request):
+            out = []
+            for index, event in batch:
+                if event.finish_reason == "error":
+                    yield b"".join(out) + _error_chunk(event)
+                    return
+                tokens[index] = event.completion_tokens
+                if event.text or event.finish_reason is not None:
+                    out.append(_sse({**base, "choices": [{"index": index, "text": event.text, "logprobs": None,
+                                                          "finish_reason": event.finish_reason}], **extra}))
+            if out:
+                yield b"".join(out)
         if include_usage:
             yield _sse({**base, "choices": [], "usage": _usage(prompt_len, sum(tokens))})
         yield b"data: [DONE]\n\n"
