@@ -303,3 +303,18 @@ def test_chat_serving_quick_compares_three_sides_on_the_same_requests(tmp_path):
             assert run["requests"] == result["requests_per_block"] * result["repeats"]
             assert run["requests_per_s"] > 0 and run["ttft_p50_ms"] > 0
     assert set(result["ratios"]) == set(result["runs"]["continuous"])
+
+
+@pytest.mark.timeout(300)
+def test_chat_sft_quick_times_equal_work(tmp_path):
+    out = tmp_path / "chat_sft.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "chat_sft.py"), "--quick", "--out", str(out)],
+                   check=True, capture_output=True, text=True, timeout=280)
+    result = json.loads(out.read_text())
+    # Equal work before timing: the same function on both sides, the same summed loss packed or padded.
+    equal = result["equal_work"]
+    assert equal["logits_max_abs_diff"] < 1e-3 and equal["summed_loss_max_rel_diff"] < 1e-4
+    data = result["data"]
+    assert data["packed"]["padding_share"] < data["padded"]["padding_share"]  # packing is what removes padding
+    assert all(v > 0 for v in result["real_tokens_per_s"].values())
+    assert len(result["unpacked_step_time_ratio"]["per_step"]) == data["padded"]["steps"] * result["config"]["repeats"]
