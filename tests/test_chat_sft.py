@@ -243,7 +243,7 @@ def test_resume_continues_to_the_same_weights(base_dir, chats, tmp_path):
     assert steps == [3, 6]  # the resumed run logged from step 4 on, after step 3's line
 
 
-def test_adapter_method_saves_and_loads_back(base, base_dir, tmp_path):
+def test_adapter_method_and_adapter_only_lora_save_and_load_back(base, base_dir, tmp_path):
     fresh = load_causal_lm(base_dir)
     info = apply_causal_method(fresh.model, "adapter", {"adapter_size": 8})
     assert info.trainable_parameters < info.total_parameters / 4
@@ -259,6 +259,20 @@ def test_adapter_method_saves_and_loads_back(base, base_dir, tmp_path):
     with torch.no_grad():
         assert (model(ids) - expected).abs().max().item() < 1e-6
     assert meta["method"] == "adapter"
+    # LoRA saved as the adapter alone (no merged weights): loads over the base it names.
+    lora = load_causal_lm(base_dir)
+    info = apply_causal_method(lora.model, "lora", {"lora_rank": 4, "lora_targets": ["attention", "mlp"]})
+    assert info.method_args["lora_layers"] == 7 * 2  # q k v o + gate up down, 2 layers
+    with torch.no_grad():
+        for name, param in lora.model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.1)
+        expected = lora.model.eval()(ids)
+    save_causal_lm(lora, tmp_path / "lora", "lora", info.method_args, save="adapter", meta={"task": "chat"})
+    assert not (tmp_path / "lora" / "model.safetensors").exists()
+    model, _, _ = load_chat_model(tmp_path / "lora")
+    with torch.no_grad():
+        assert (model(ids) - expected).abs().max().item() < 1e-5
 
 
 def test_cli_chat_run_loss_falls(base_dir, chats, tmp_path, capsys):
