@@ -15,7 +15,7 @@ import sampan.hub as hub
 from sampan.hub import recipes
 from sampan.store.models import SHIPPED_DIR, ModelNotFoundError, resolve
 
-SHIPPED = ("ernie-tiny-zh", "ernie-tiny-sentiment", "ernie-tiny-ner", "gpt-zh")
+SHIPPED = ("ernie-tiny-zh", "ernie-tiny-sentiment", "ernie-tiny-ner", "gpt-zh", "chat-zh-tiny")
 
 
 @pytest.fixture
@@ -39,7 +39,9 @@ def test_shipped_models_are_complete_fp16_and_within_budget(home):
             with safe_open(str(w), framework="pt") as f:
                 dtypes = {f.get_slice(k).get_dtype() for k in f.keys()}
             assert dtypes <= {"F16", "I64"}, (w, dtypes)
-    assert total <= 30 * 2**20, f"shipped models take {total / 2**20:.1f} MB, over the 30 MB budget"
+    # 30 MB for the four ERNIE / GPT models, + 6 MB for chat-zh-tiny (a 2.9M-parameter Llama in fp16,
+    # 5.6 MB, and its own 67 KB tokenizer with the chat template): 35.6 MB of 36.
+    assert total <= 36 * 2**20, f"shipped models take {total / 2**20:.1f} MB, over the 36 MB budget"
 
 
 def test_user_builds_override_shipped_models(home):
@@ -304,4 +306,6 @@ def test_chat_recipe_pretrains_fine_tunes_and_scores_both(home, poetry_corpus):
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "你好"}], add_generation_prompt=True,
                                            tokenize=False)
     assert prompt == "[CLS]用户：你好[SEP]助手："
-    assert not (built / "vocab.txt").exists() and not (built / "training").exists()
+    assert sorted(p.name for p in built.iterdir()) == ["card.json", "config.json", "model.safetensors",
+                                                      "special_tokens_map.json", "tokenizer.json",
+                                                      "tokenizer_config.json"]  # all package data
