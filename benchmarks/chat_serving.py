@@ -97,13 +97,15 @@ async def _drive(url: str, requests: list[tuple[list[int], int]], clients: int) 
                     if response.status_code != 200:
                         raise RuntimeError(f"{response.status_code}: {(await response.aread())[:300]!r}")
                     async for line in response.aiter_lines():
+                        # The client shares the machine's 2 cores with the server: it parses only what
+                        # it measures. A completion chunk is sent only when it carries text (or ends the
+                        # choice), so the first data line is the first token's text.
                         if not line.startswith("data: ") or line == "data: [DONE]":
                             continue
-                        chunk = json.loads(line[6:])
-                        if first is None and chunk["choices"] and chunk["choices"][0]["text"]:
+                        if first is None:
                             first = time.perf_counter() - start
-                        if chunk.get("usage"):
-                            tokens += chunk["usage"]["completion_tokens"]
+                        if '"usage": {' in line:
+                            tokens += json.loads(line[6:])["usage"]["completion_tokens"]
                 ttft.append(first if first is not None else time.perf_counter() - start)
 
         begin = time.perf_counter()
