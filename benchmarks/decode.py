@@ -154,6 +154,7 @@ def measure(runs: dict[str, Any], length: int, repeats: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     threads = set_threads(args.threads)
+    machine = machine_info()  # with the load average before the run; loadavg_at_end is after it
     with tempfile.TemporaryDirectory(prefix="sampan-decode-bench-") as tmp:
         hf, ours, export, export_s = build(args, Path(tmp))
         prompt = torch.randint(1, args.vocab, (args.prompt,), generator=torch.Generator().manual_seed(1)).tolist()
@@ -164,7 +165,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out = {
         "benchmark": "decode",
         "timestamp": timestamp(),
-        "machine": machine_info(),
+        "machine": machine,
         "quick": args.quick,
         "threads": threads,
         "loadavg_at_end": load_average(),

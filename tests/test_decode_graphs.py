@@ -4,13 +4,16 @@ A tiny random Hugging Face ``LlamaForCausalLM`` (2 layers, hidden 32, vocab 128)
 by sampan's HF loader and exported once per module (full-window + prefill + decode graphs, each
 checked against eager: ~15 s); a 1-layer GPT once more (~10 s). Greedy decoding through the graphs
 (ONNX Runtime and the .pt2) must equal eager ``generate`` and ``transformers``' ``generate`` token
-for token. Cost: about 50 s on 2 cores (the exports).
+for token. Cost: about 50 s on 2 cores (the exports), and ~25 s more for the benchmark's quick run.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -202,3 +205,25 @@ def test_functional_cache_is_tensors_in_tensors_out():
     assert FunctionalKVCache(1).seq_len() == 0
     with pytest.raises(ValueError, match="past holds 1 layers"):
         FunctionalKVCache(2, [(k, v)])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_decode_benchmark_quick_times_equal_work(tmp_path):
+    """benchmarks/decode.py --quick: every side generates the same tokens before it is timed, and
+    the JSON holds tokens/s and ratios per length (~25 s: one more tiny export)."""
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "decode.json"
+    run = subprocess.run([sys.executable, str(root / "benchmarks" / "decode.py"), "--quick", "--out", str(out)],
+                         capture_output=True, text=True, timeout=280)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["benchmark"] == "decode" and result["quick"] and result["equal_work"]
+    sides = {"cached_ort", "cached_pt2", "eager_cached", "full_window_ort", "transformers"}
+    assert set(result["sides"]) == sides and set(result["lengths"]) == {"8", "24"}
+    for row in result["lengths"].values():
+        assert row["equal_work"] and not row["mismatches"]
+        assert set(row["tokens_per_s"]) == sides and all(v > 0 for v in row["tokens_per_s"].values())
+        tps = row["tokens_per_s"]
+        assert row["cached_ort_over"]["full_window_ort"] == pytest.approx(tps["cached_ort"] / tps["full_window_ort"])
+    assert result["goal"]["measured"] is None  # the quick run has no 256-token row
