@@ -70,6 +70,7 @@ KM_ARGS    := --data $(BENCH_DATA) --steps 1500 --batch-size 32 --learning-rate 
 bench: setup-dev
 	$(BIN)/python benchmarks/model_step.py
 	$(BIN)/python benchmarks/hf_parity.py
+	$(BIN)/python benchmarks/chat_sft.py
 	$(BIN)/python benchmarks/trainer.py
 	$(BIN)/python benchmarks/hybrid_parallel.py
 	$(BIN)/python benchmarks/planner.py
