@@ -122,6 +122,24 @@ def test_labels_are_the_assistant_turns_and_prompts_are_what_inference_feeds(bas
         "很干净<|im_end|>")
 
 
+def test_llama3_style_template_and_plain_prompt_completion_records(base):
+    llama3 = ("{{- bos_token }}{%- for message in messages %}{{- '<|start_header_id|>' + message['role'] + "
+              "'<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}{%- endfor %}"
+              "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}")
+    tok = base.tokenizer
+    messages = [{"role": "system", "content": "你是客服。"}, {"role": "user", "content": "房间干净吗"},
+                {"role": "assistant", "content": " 很干净 "}]
+    encoded = ChatEncoder(tok, 256, chat_template=llama3).encode(parse_record({"messages": messages}, "x", 1))
+    learned = [i for i, label in zip(encoded.input_ids, encoded.labels, strict=True) if label != IGNORE]
+    assert tok.decode(learned) == "很干净<|eot_id|>"  # the template trims the reply; its end-of-turn is learned
+    assert tok.decode(encoded.input_ids).startswith("<|start_header_id|>system")  # this tokenizer has no bos_token
+    # Plain text: the prompt as the tokenizer encodes text, the loss on the completion and EOS.
+    plain = ChatEncoder(tok, 256).encode(parse_record({"prompt": "床前明月光，", "completion": "疑是地上霜。"}, "x", 2))
+    learned = [i for i, label in zip(plain.input_ids, plain.labels, strict=True) if label != IGNORE]
+    assert tok.decode(learned) == "疑是地上霜。<|im_end|>"
+    assert tok.decode(plain.input_ids) == "床前明月光，疑是地上霜。<|im_end|>"
+
+
 def test_a_template_that_rewrites_history_is_refused_clearly(base):
     # Renders the last assistant turn differently from an earlier one (as Qwen3 does with <think>).
     template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['role'] == 'assistant' and loop.last %}"
@@ -226,15 +244,18 @@ def test_lora_run_writes_a_peft_adapter_peft_loads_and_a_merged_hf_model(base_di
 
 
 def test_resume_continues_to_the_same_weights(base_dir, chats, tmp_path):
-    full = _run(base_dir, chats, tmp_path / "whole", method="full", training={"save_steps": 3})
+    # Full fine-tuning, unpacked (one conversation per row, padded per batch).
+    full = _run(base_dir, chats, tmp_path / "whole", method="full", chat={"packing": False}, training={"save_steps": 3})
     expected = load_file(str(full.output_dir / "model.safetensors"))
     # The same run stopped after its step-3 checkpoint, then resumed.
     out = tmp_path / "resumed"
-    _run(base_dir, chats, out, method="full", training={"max_steps": 6, "save_steps": 3})
+    _run(base_dir, chats, out, method="full", chat={"packing": False}, training={"max_steps": 6, "save_steps": 3})
     import shutil
 
     shutil.rmtree(out / "training" / "checkpoint-00000006")
-    resumed = _run(base_dir, chats, out, method="full", training={"resume_from_checkpoint": "auto"})
+    resumed = _run(base_dir, chats, out, method="full", chat={"packing": False},
+                   training={"resume_from_checkpoint": "auto"})
+    assert json.loads((out / "task.json").read_text())["packing"] is False
     got = load_file(str(resumed.output_dir / "model.safetensors"))
     assert got.keys() == expected.keys()
     assert all(torch.equal(got[k], expected[k]) for k in expected)
