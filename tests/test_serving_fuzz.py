@@ -408,7 +408,7 @@ def test_malformed_requests_each_get_their_one_status_and_the_server_survives(se
     assert client.get("/healthz").json()["status"] == "ok"
     good = client.post(TASK_PATH, json={"inputs": ["今天天气真好"]})
     assert good.status_code == 200 and good.json()["outputs"][0]["label"] in ("positive", "negative")
-    reply = client.post(CHAT_PATH, json=_GOOD_CHAT)
+    reply = client.post(CHAT_PATH, json={**_GOOD_CHAT, "ignore_eos": True})  # exactly 2 tokens: 1 decode step
     assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] >= 1
     # None of the refused requests reached the model: the one decode step is the good request's second token.
     assert 'sampan_batch_size_count{target="chat"} 1.0' in client.get("/metrics").text
