@@ -25,7 +25,7 @@ from sampan.serving.chat_engine import ChatEngine, Event, QueueFull, SamplingPar
 from sampan.serving.chat_model import ChatModel
 from sampan.serving.config import ServingConfig
 from sampan.serving.errors import ServingError
-from sampan.serving.openai_schemas import _MAX_STOPS, ChatCompletionRequest, CompletionRequest, _Sampling
+from sampan.serving.openai_schemas import MAX_STOPS, ChatCompletionRequest, CompletionRequest, _Sampling
 
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -37,19 +37,20 @@ def _check_common(body: _Sampling, chat: ChatModel, limits: ServingConfig) -> No
     if body.n > limits.chat_max_running:
         raise ServingError(400, "invalid_value", f"n={body.n} is more choices than the {limits.chat_max_running} "
                                                  "sequences that decode together (chat_max_running)", param="n")
-    if len(body.stops()) > _MAX_STOPS:
-        raise ServingError(400, "invalid_value", f"stop holds {len(body.stops())} strings; at most {_MAX_STOPS}",
+    if len(body.stops()) > MAX_STOPS:
+        raise ServingError(400, "invalid_value", f"stop holds {len(body.stops())} strings; at most {MAX_STOPS}",
                            param="stop")
 
 
-def _max_tokens(asked: int | None, prompt_len: int, chat: ChatModel, limits: ServingConfig) -> int:
+def _max_tokens(asked: int | None, prompt_len: int, chat: ChatModel, limits: ServingConfig,
+                prompt_field: str = "messages") -> int:
     """The new-token budget; a prompt (plus an explicit max_tokens) over the context is a 400 naming it."""
     context = chat.context_length
     if prompt_len >= context:
         raise ServingError(400, "context_length_exceeded",
                            f"this model's maximum context length is {context} tokens, and the prompt has "
                            f"{prompt_len}: shorten the prompt (the reply needs at least one more token)",
-                           param="messages")
+                           param=prompt_field)
     if asked is not None and prompt_len + asked > context:
         raise ServingError(400, "context_length_exceeded",
                            f"this model's maximum context length is {context} tokens; the prompt has {prompt_len} "
@@ -197,7 +198,7 @@ def install_openai_routes(app: FastAPI, chat: ChatModel, engine: ChatEngine, lim
         if not prompt:
             raise ServingError(400, "invalid_prompt", "the prompt is empty; send some text (or token ids)",
                                param="prompt")
-        run = _Run(engine, prompt, _params(body, _max_tokens(body.max_tokens, len(prompt), chat, limits)))
+        run = _Run(engine, prompt, _params(body, _max_tokens(body.max_tokens, len(prompt), chat, limits, "prompt")))
         meta = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": chat.name}
         echo = (body.prompt if isinstance(body.prompt, str) else chat.tokenizer.decode(prompt)) if body.echo else ""
         if body.stream:

@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-_MAX_STOPS = 4  # OpenAI's limit
+MAX_STOPS = 4  # OpenAI's limit
 
 
 class StreamOptions(BaseModel):
@@ -78,4 +78,4 @@ class CompletionRequest(_Sampling):
     echo: StrictBool = Field(False, description="put the prompt before the completion")
 
 
-__all__ = ["ChatCompletionRequest", "ChatMessage", "CompletionRequest", "StreamOptions", "_MAX_STOPS"]
+__all__ = ["MAX_STOPS", "ChatCompletionRequest", "ChatMessage", "CompletionRequest", "StreamOptions"]
