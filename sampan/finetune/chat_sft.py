@@ -101,6 +101,18 @@ def _save_from_fleet(cfg: FinetuneConfig, trainer: Trainer, out: Path, meta: dic
     trainer.backend.barrier()
 
 
+def _ranks(strategy: dict | None) -> tuple[int, int]:
+    """``(ranks, data-parallel ranks)`` of this run: the world size under a launcher, and the ranks
+    that see different batches (data parallel x sharding, each rank a share of an epoch)."""
+    if strategy is None:
+        return 1, 1
+    from sampan.distributed.strategy import DistributedStrategy
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    degrees = DistributedStrategy.from_dict(strategy).resolve_degrees(world)
+    return world, max(1, degrees["dp"] * degrees["sharding"])
+
+
 def run_chat_sft(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = None):
     """Fine-tune ``cfg.model`` on ``cfg.data``'s conversations; returns a ``FinetuneResult`` whose
     ``metrics`` hold the final dev ``loss`` and ``initial_dev_metrics`` the loss before training."""
@@ -136,15 +148,15 @@ def run_chat_sft(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = 
     # With a strategy the micro-batches of a step are concatenated: give them all one length.
     collator = ChatCollator(pad_id, pad_to=cfg.max_length if training.strategy is not None else None)
     batch = training.per_device_train_batch_size
+    ranks, data_ranks = _ranks(training.strategy)
     if len(train_set) < batch:
         raise ValueError(f"only {len(train_set)} training rows ({len(train)} conversations"
                          f"{', packed' if chat.packing else ''}), fewer than one batch of {batch}; lower "
                          "training.per_device_train_batch_size (--batch-size) or give more data")
     steps = (training.max_steps if training.max_steps > 0
-             else max(1, math.ceil(training.num_train_epochs * (len(train_set) // batch)
+             else max(1, math.ceil(training.num_train_epochs * (len(train_set) // (batch * data_ranks))
                                    / training.gradient_accumulation_steps)))
     # A small dev split still gets scored: the eval batch shrinks to fit it over the ranks.
-    ranks = int(os.environ.get("WORLD_SIZE", "1")) if training.strategy is not None else 1
     if dev_set is not None and len(dev_set) < ranks:
         print(f"dev split: {len(dev_set)} rows for {ranks} ranks, too few to score; no dev loss")
         dev_set = None
