@@ -113,6 +113,9 @@ def _mailbox() -> _Mailbox:
     return _MAILBOXES[loop]
 
 
+_GONE: Any = ("gone", None)  # put on a run's queue when its client disconnects
+
+
 class _Run:
     """One request's sequences in the engine and the queue their events arrive on."""
 
@@ -132,17 +135,19 @@ class _Run:
     async def events(self, request: Request) -> AsyncIterator[list[tuple[int, Event]]]:
         """Events, in batches of those already arrived, until every sequence finished; stops early
         (cancelling them) if the client leaves."""
-        watcher = asyncio.ensure_future(_wait_disconnect(request))
+
+        async def watch() -> None:  # the disconnect arrives on the same queue as the events
+            await _wait_disconnect(request)
+            self.queue.put_nowait(_GONE)
+
+        watcher = asyncio.ensure_future(watch())
         try:
             while self.open:
-                getter = asyncio.ensure_future(self.queue.get())
-                done, _ = await asyncio.wait({getter, watcher}, return_when=asyncio.FIRST_COMPLETED)
-                if getter not in done:
-                    getter.cancel()
-                    return  # the client left
-                batch = [getter.result()]
+                batch = [await self.queue.get()]
                 while not self.queue.empty():
                     batch.append(self.queue.get_nowait())
+                if any(item is _GONE for item in batch):
+                    return  # the client left
                 self.open -= sum(event.finish_reason is not None for _, event in batch)
                 yield batch
         finally:
@@ -156,6 +161,20 @@ class _Run:
 
 def _sse(data: Any) -> bytes:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+
+
+def _text_chunk(base: dict, include_usage: bool, chat: bool):
+    """The hot path: a function ``(index, text) -> SSE bytes`` for one piece of text, with the
+    request's constant fields serialised once (one chunk per token per stream adds up)."""
+    head = "data: " + json.dumps(base, ensure_ascii=False)[:-1] + ', "choices": [{"index": '
+    tail = (', "logprobs": null, "finish_reason": null}]' + (', "usage": null' if include_usage else "") + "}\n\n")
+    key = '"delta": {"content": ' if chat else '"text": '
+    close = "}" if chat else ""
+
+    def chunk(index: int, text: str) -> bytes:
+        return f"{head}{index}, {key}{json.dumps(text, ensure_ascii=False)}{close}{tail}".encode()
+
+    return chunk
 
 
 def install_openai_routes(app: FastAPI, chat: ChatModel, engine: ChatEngine, limits: ServingConfig) -> None:
@@ -242,6 +261,7 @@ async def _chat_stream(run: _Run, request: Request, meta: dict, prompt_len: int,
                        n: int) -> AsyncIterator[bytes]:
     base = {**meta, "object": "chat.completion.chunk"}
     extra = {"usage": None} if include_usage else {}
+    text_chunk = _text_chunk(base, include_usage, chat=True)
     tokens = [0] * n
     try:
         for i in range(n):
@@ -255,8 +275,7 @@ async def _chat_stream(run: _Run, request: Request, meta: dict, prompt_len: int,
                     return
                 tokens[index] = event.completion_tokens
                 if event.text:
-                    out.append(_sse({**base, "choices": [{"index": index, "delta": {"content": event.text},
-                                                          "logprobs": None, "finish_reason": None}], **extra}))
+                    out.append(text_chunk(index, event.text))
                 if event.finish_reason is not None:
                     out.append(_sse({**base, "choices": [{"index": index, "delta": {}, "logprobs": None,
                                                           "finish_reason": event.finish_reason}], **extra}))
@@ -273,6 +292,7 @@ async def _completion_stream(run: _Run, request: Request, meta: dict, prompt_len
                              n: int, echo: str) -> AsyncIterator[bytes]:
     base = {**meta, "object": "text_completion"}
     extra = {"usage": None} if include_usage else {}
+    text_chunk = _text_chunk(base, include_usage, chat=False)
     tokens = [0] * n
     try:
         if echo:
@@ -286,9 +306,11 @@ async def _completion_stream(run: _Run, request: Request, meta: dict, prompt_len
                     yield b"".join(out) + _error_chunk(event)
                     return
                 tokens[index] = event.completion_tokens
-                if event.text or event.finish_reason is not None:
+                if event.finish_reason is not None:
                     out.append(_sse({**base, "choices": [{"index": index, "text": event.text, "logprobs": None,
                                                           "finish_reason": event.finish_reason}], **extra}))
+                elif event.text:
+                    out.append(text_chunk(index, event.text))
             if out:
                 yield b"".join(out)
         if include_usage:
