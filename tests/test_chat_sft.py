@@ -280,6 +280,11 @@ def test_adapter_method_and_adapter_only_lora_save_and_load_back(base, base_dir,
     with torch.no_grad():
         assert (model(ids) - expected).abs().max().item() < 1e-6
     assert meta["method"] == "adapter"
+    # Hugging Face has no bottleneck adapter: a plain loader refuses the directory rather than drop them.
+    from sampan.models import from_pretrained
+
+    with pytest.raises(ValueError, match="unexpected.*adapter"):
+        from_pretrained(tmp_path / "adapter")
     # LoRA saved as the adapter alone (no merged weights): loads over the base it names.
     lora = load_causal_lm(base_dir)
     info = apply_causal_method(lora.model, "lora", {"lora_rank": 4, "lora_targets": ["attention", "mlp"]})

@@ -18,8 +18,9 @@ chat template beside it:
 * ``save="merged"``: ``config.json`` + ``model.safetensors`` (LoRA folded in) + tokenizer files
   + ``task.json``; with LoRA also ``adapter/``, a ``peft`` adapter over the base directory
   (``PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), out / "adapter")``).
-  With adapters the weights hold everything but the adapters, which go to ``adapter.safetensors``
-  (Hugging Face has no bottleneck adapter: ``load_chat_model`` puts them back).
+  With adapters the weights, adapters included, are in sampan's format (Hugging Face has no
+  bottleneck adapter, and a loader that dropped them would give the wrong model in silence):
+  ``load_chat_model`` opens it, and transformers or a plain ``from_pretrained`` refuse it.
 * ``save="adapter"`` (LoRA only): ``adapter/`` and the tokenizer files, no weights; ``task.json``
   names the base directory (``peft_base``).
 """
@@ -35,20 +36,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 
-from sampan.finetune.adapter import AdaptedLinear, apply_adapters, without_adapters
+from sampan.finetune.adapter import apply_adapters
 from sampan.finetune.lora import apply_lora, merge_lora
 from sampan.finetune.peft_format import load_peft_adapter, save_peft_adapter
-from sampan.models.pretrained import load_safetensors
 from sampan.store.model_dir import TASK_FILE
 from sampan.text.pretrained_tokenizer import PretrainedTokenizer
 from sampan.utils.atomic import move_into_place
 from sampan.utils.json_file import read_json_object
 
 PEFT_DIR = "adapter"  # the peft adapter of a LoRA run, inside the output directory
-ADAPTER_WEIGHTS = "adapter.safetensors"  # bottleneck adapters (no Hugging Face counterpart)
 CAUSAL_METHODS = ("full", "lora", "adapter")
 
 # Per family (``ModelSpec.family``): LoRA's default targets (attention), the MLP projections LoRA
@@ -286,15 +284,18 @@ def save_causal_lm(base: CausalLM, out: str | os.PathLike, method: str, method_a
             staged.mkdir()
             base.tokenizer.save_pretrained(staged)
             record["peft_base"] = record["base_model"]
+        elif method == "adapter":
+            # Hugging Face has no bottleneck adapter: a directory that transformers or a plain
+            # from_pretrained would open without them would serve the wrong model in silence. So
+            # the weights (adapters included) go in sampan's format, which both refuse loudly
+            # (unexpected adapter tensors / no model_type); load_chat_model opens it.
+            model.save_pretrained(staged, format="sampan", tokenizer=base.tokenizer)
+            record["format"] = "sampan"
         else:
             merge_lora(model)
             fmt = "hf" if _has_hf_format(model) else "sampan"
-            with without_adapters(model):
-                model.save_pretrained(staged, format=fmt, tokenizer=base.tokenizer)
+            model.save_pretrained(staged, format=fmt, tokenizer=base.tokenizer)
             record["format"] = fmt
-            adapters = {n: p.detach().cpu().contiguous() for n, p in model.state_dict().items() if ".adapter." in n}
-            if adapters:
-                save_file(adapters, str(staged / ADAPTER_WEIGHTS), metadata={"format": "pt", "producer": "sampan"})
         _move_files_into(staged, out)
     _write_json(out / TASK_FILE, {"task": record.pop("task", "chat"), **record})
     return out
@@ -328,15 +329,29 @@ def load_chat_model(directory: str | os.PathLike, dtype: torch.dtype | None = No
         apply_lora(model, args["lora_targets"], args["lora_rank"], args["lora_alpha"], within="")
         load_peft_adapter(model, directory / PEFT_DIR)
         merge_lora(model)
+    elif meta.get("method") == "adapter":
+        model = _with_adapters(directory, meta["method_args"], dtype)
     else:
         model = from_pretrained(directory, dtype=dtype)
-        if meta.get("method") == "adapter":
-            args = meta["method_args"]
-            apply_adapters(model, args["adapter_size"], within="", points=tuple(args["adapter_points"]))
-            names = load_safetensors(model, directory / ADAPTER_WEIGHTS, partial=True)
-            missing = [n for n, m in model.named_modules() if isinstance(m, AdaptedLinear)
-                       and f"{n}.adapter.up.weight" not in names]
-            if missing:
-                raise ValueError(f"{directory / ADAPTER_WEIGHTS} lacks the adapters of {missing[:4]}")
     model.requires_grad_(False)
     return model.eval(), tokenizer, meta
+
+
+def _with_adapters(directory: Path, args: Mapping[str, Any], dtype: torch.dtype | None) -> nn.Module:
+    """A sampan directory whose weights hold bottleneck adapters: the model built from its config,
+    the adapters inserted, then every tensor loaded strictly."""
+    from sampan.models.loading import build_empty, load_tensors
+    from sampan.models.pretrained import read_config
+    from sampan.models.registry import architecture_class
+    from sampan.models.weight_files import iter_tensors, stored_float_dtype, weight_files
+
+    data = read_config(directory)
+    cls = architecture_class(str(data.pop("architecture", "")))
+    if cls is None:
+        raise ValueError(f"{directory}/config.json names no sampan architecture; an adapter-method chat model is "
+                         "saved in sampan's format")
+    files = weight_files(directory)
+    model = build_empty(cls, cls.config_class.from_dict(data), None, dtype or stored_float_dtype(files))
+    apply_adapters(model, args["adapter_size"], within="", points=tuple(args["adapter_points"]))
+    load_tensors(model, iter_tensors(files), str(directory))
+    return model
