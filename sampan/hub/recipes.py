@@ -245,13 +245,14 @@ class ChatRecipe:
 
     pretraining: GPTRecipe = nested(GPTRecipe, **CHAT_BASE)
     chat_data: ChatDataConfig = nested(ChatDataConfig, per_task=2000, held_out_per_task=100, word_separator="/")
-    # Full SFT (the whole 2.9M-parameter model is smaller than most LoRA'd ones): 160 steps of 16
-    # packed 192-token rows, about 40% of the 10,000 records (sized to build on 2 shared cores).
+    # Full SFT (the whole 2.9M-parameter model is smaller than most LoRA'd ones): 400 steps of 16
+    # packed 192-token rows, about one pass over the 10,000 records. Against 160 steps: held-out
+    # sentiment 57% -> 66%, poems in form 0% -> 1%, dev loss 4.53 -> 4.32 (entity F1 0 both).
     finetune: FinetuneConfig = nested(
         # model and data name what build_chat sets them to (the base it pretrains, the set it builds)
         FinetuneConfig, task="chat", model="chat-zh-tiny-base/model", data="chat-zh-tiny-data/train.jsonl",
         method="full", max_length=192, save="merged",
-        training={"max_steps": 160, "per_device_train_batch_size": 16, "learning_rate": 2e-3, "warmup_steps": 10,
+        training={"max_steps": 400, "per_device_train_batch_size": 16, "learning_rate": 2e-3, "warmup_steps": 10,
                   "lr_scheduler": "cosine", "min_lr_ratio": 0.1, "eval_steps": 0, "save_steps": 0, "seed": 0,
                   "overwrite_output_dir": True})
     reply_tokens: int = 64
