@@ -1,9 +1,9 @@
 """The Chinese instruction set (``sampan data build-chat``), the held-out chat metrics
 (``sampan.finetune.chat_eval``), ``Taskflow("chat")`` and ``hub.Module(...).chat`` on a tiny model.
 
-Cost: about 30 s on 2 cores (three small builds read People's Daily, the reviews, 三国演义 and the
-Tang poems, ~4 s each; one ONNX export of a 2-layer Llama, ~10 s; the Tang poems come from the
-session's ``poetry_corpus`` fixture, fetched once for every test that reads them).
+Cost: 35 s on 2 idle cores (measured): the session's ``poetry_corpus`` fixture, 10 s, shared with
+every test that reads the Tang poems; the builds, which read People's Daily, the reviews, 三国演义
+and the poems, 10 s; one ONNX export of a 1-layer Llama with its decode graphs and the replies, 14 s.
 """
 
 from __future__ import annotations
