@@ -122,7 +122,16 @@ def run_chat_sft(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = 
     resolve_device(training.device)
     out = Path(training.output_dir)
     resuming = training.resume_from_checkpoint is not None
-    _prepare_output_dir(out, training.overwrite_output_dir, resuming)
+    from sampan.distributed.env import rank
+
+    # Under a launcher every rank runs this far before the process group exists: only rank 0 may
+    # check, clear and fill the directory (another rank would find rank 0's files and refuse, or
+    # delete them); the rest only make sure it exists.
+    main = rank() == 0
+    if main:
+        _prepare_output_dir(out, training.overwrite_output_dir, resuming)
+    else:
+        out.mkdir(parents=True, exist_ok=True)
 
     bad = BadRecords(chat.max_bad)
     data = load_chat_data(cfg.data, bad, cfg.dev_fraction, training.seed, cfg.max_train_examples,
@@ -132,7 +141,8 @@ def run_chat_sft(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = 
     train = encode_records(data.train, encoder, bad)
     dev = encode_records(data.dev, encoder, bad)
     print(bad.summary())
-    bad.write(out / BAD_RECORDS_FILE)
+    if main:
+        bad.write(out / BAD_RECORDS_FILE)
     if not train:
         raise ValueError(f"no training conversation left after the bad records; {bad.summary()}")
 
