@@ -60,6 +60,24 @@ def test_make_bench_runs_every_benchmark_the_tables_read():
     assert "benchmarks/results_tables.py" in recipe, "make bench must re-render docs/benchmarks.md's tables"
 
 
+def test_the_readme_chat_figures_are_the_card_and_the_results_files():
+    """The README's chat table and ratios, hand-written, are what chat-zh-tiny's card and the
+    chat_sft / decode / chat_serving results hold (rounded as shown)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    card = json.loads((ROOT / "sampan" / "hub" / "models" / "chat-zh-tiny" / "card.json").read_text(encoding="utf-8"))
+    m = card["metrics"]
+    rows = {"entity F1 (exact match)": f"{m['base_entity_f1']:.3f} | {m['entity_f1']:.3f}",
+            "sentiment accuracy": f"{m['base_sentiment_accuracy']:.1%} | {m['sentiment_accuracy']:.1%}",
+            "poems in the asked form": f"{m['base_poem_form_share']:.1%} | {m['poem_form_share']:.1%}"}
+    for name, figures in rows.items():
+        assert f"| {name} | {figures} |" in readme, f"README's {name!r} row is not the card's {figures}"
+    result = {stem: json.loads((RESULTS / f"{stem}.json").read_text(encoding="utf-8"))
+              for stem in ("chat_sft", "decode", "chat_serving")}
+    assert f"**{result['chat_sft']['packed_vs_hf']['speedup']:.2f}×**" in readme
+    assert f"**{result['decode']['lengths']['256']['cached_ort_over']['full_window_ort']:.1f}×**" in readme
+    assert f"**{result['chat_serving']['ratios']['32']['rps_vs_one_at_a_time']:.2f}×**" in readme
+
+
 # The renderer's own rules, on templates and results made here.
 
 def _setup(tmp_path: Path, template: str, results: dict[str, dict]) -> tuple[Path, results_tables.Results]:
