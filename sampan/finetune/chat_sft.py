@@ -54,7 +54,9 @@ class DevLoss(TrainerCallback):
         self.last = dict(metrics)
 
 
-def _prepare_output_dir(path: Path, overwrite: bool, resuming: bool) -> None:
+def prepare_output_dir(path: Path, overwrite: bool, resuming: bool) -> None:
+    """Make ``path`` ready for a causal-LM run: kept when resuming, refused when it holds
+    something and ``overwrite`` is off, else cleared (chat SFT and DPO share it)."""
     if resuming:  # the run to continue lives in it
         path.mkdir(parents=True, exist_ok=True)
         return
@@ -129,7 +131,7 @@ def run_chat_sft(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = 
     # delete them); the rest only make sure it exists.
     main = rank() == 0
     if main:
-        _prepare_output_dir(out, training.overwrite_output_dir, resuming)
+        prepare_output_dir(out, training.overwrite_output_dir, resuming)
     else:
         out.mkdir(parents=True, exist_ok=True)
 

@@ -17,7 +17,6 @@ import copy
 import dataclasses
 import math
 import random
-import shutil
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -28,7 +27,7 @@ from torch import nn
 
 from sampan.finetune.causal_lm import apply_causal_method, load_causal_lm, save_causal_lm
 from sampan.finetune.chat_data import BadRecords
-from sampan.finetune.chat_sft import BAD_RECORDS_FILE, method_args
+from sampan.finetune.chat_sft import BAD_RECORDS_FILE, method_args, prepare_output_dir
 from sampan.finetune.config import FinetuneConfig
 from sampan.finetune.dpo_config import DPOConfig
 from sampan.finetune.dpo_data import PreferenceCollator, PreferenceDataset, PreferencePair, preference_splits
@@ -138,16 +137,6 @@ def _sample(pairs: list[PreferencePair], limit: int | None, seed: int) -> list[P
     return sorted(random.Random(seed).sample(pairs, limit), key=lambda p: (p.source, p.line))
 
 
-def _prepare_output_dir(out: Path, overwrite: bool, resuming: bool) -> None:
-    if out.exists() and any(out.iterdir()) and not resuming:
-        if not overwrite:
-            raise ValueError(f"output directory {out} is not empty; set training.overwrite_output_dir (--overwrite) "
-                             "to replace it, training.resume_from_checkpoint='auto' (--resume auto) to continue its "
-                             "run, or choose another training.output_dir (--output-dir)")
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
-
-
 def run_dpo(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = None) -> FinetuneResult:
     """Preference-tune ``cfg.model`` on ``cfg.data`` (``cfg.task == "dpo"``) and write the model to
     ``cfg.training.output_dir``; returns a ``FinetuneResult`` whose ``metrics`` are the dev split's
@@ -163,7 +152,7 @@ def run_dpo(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = None)
     refuse_strategy(training)  # before any loading
     resolve_device(training.device)  # a GPU that is not there fails now, not after the data is read
     out = Path(training.output_dir)
-    _prepare_output_dir(out, training.overwrite_output_dir, training.resume_from_checkpoint is not None)
+    prepare_output_dir(out, training.overwrite_output_dir, training.resume_from_checkpoint is not None)
     base = load_causal_lm(cfg.model, chat_template=cfg.chat.chat_template)
     bad = BadRecords(cfg.chat.max_bad)
     train, dev = preference_splits(cfg.data, base.tokenizer, dpo, cfg.max_length, cfg.dev_fraction, training.seed,
