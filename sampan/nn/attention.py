@@ -47,6 +47,19 @@ def build_attention_mask(
     return mask, False
 
 
+def build_decoder_mask(
+    padding_mask: torch.Tensor | None, segment_ids: torch.Tensor | None, seq_len: int, past: int, cached: bool
+) -> tuple[torch.Tensor | None, bool]:
+    """A causal decoder's ``(attn_mask, is_causal)``: block-diagonal over packed sequences when
+    ``segment_ids`` are given (training and scoring only, so not with a KV cache), else causal over
+    ``past`` cached positions and ``seq_len`` new ones with ``padding_mask``."""
+    if segment_ids is None:
+        return build_attention_mask(padding_mask, seq_len, past + seq_len, causal=True)
+    if cached:
+        raise ValueError("segment_ids (packed sequences) are for training and scoring, not for a KV cache")
+    return build_segment_mask(segment_ids, padding_mask), False
+
+
 def build_segment_mask(segment_ids: torch.Tensor, padding_mask: torch.Tensor | None = None) -> torch.Tensor:
     """A block-diagonal causal mask for packed rows: ``[b, 1, s, s]`` bool, True = "may attend".
 

@@ -14,8 +14,8 @@ from sampan.models.gpt.config import GPTConfig
 from sampan.models.init import init_transformer_weights
 from sampan.models.losses import next_token_count, next_token_loss
 from sampan.models.pretrained import PretrainedModel
-from sampan.nn import KVCache, Layer, TransformerBlock, TransformerEmbeddings, build_attention_mask
-from sampan.nn.attention import build_segment_mask, default_position_ids
+from sampan.nn import KVCache, Layer, TransformerBlock, TransformerEmbeddings
+from sampan.nn.attention import build_decoder_mask, default_position_ids
 
 
 class GPTModel(Layer, PretrainedModel):
@@ -66,12 +66,7 @@ class GPTModel(Layer, PretrainedModel):
                 f"sequence length {past + seq_len} exceeds max_position_embeddings "
                 f"({self.config.max_position_embeddings})"
             )
-        if segment_ids is not None:
-            if kv_cache is not None:
-                raise ValueError("segment_ids (packed sequences) are for training and scoring, not for a KV cache")
-            mask, is_causal = build_segment_mask(segment_ids, attention_mask), False
-        else:
-            mask, is_causal = build_attention_mask(attention_mask, seq_len, past + seq_len, causal=True)
+        mask, is_causal = build_decoder_mask(attention_mask, segment_ids, seq_len, past, kv_cache is not None)
         x = self.embeddings(input_ids, position_ids=position_ids)
         for i, layer in enumerate(self.layers):
             x = layer(x, mask, is_causal, kv_cache, i)

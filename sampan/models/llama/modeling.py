@@ -17,8 +17,8 @@ from sampan.models.init import init_transformer_weights
 from sampan.models.llama.config import LlamaConfig
 from sampan.models.losses import next_token_count, next_token_loss
 from sampan.models.pretrained import PretrainedModel
-from sampan.nn import KVCache, Layer, build_attention_mask
-from sampan.nn.attention import build_segment_mask, default_position_ids
+from sampan.nn import KVCache, Layer
+from sampan.nn.attention import build_decoder_mask, default_position_ids
 from sampan.nn.mlp import ACTIVATIONS
 from sampan.nn.rms_norm import RMSNorm
 from sampan.nn.rope import RotaryEmbedding, apply_rotary
@@ -150,12 +150,7 @@ class LlamaModel(Layer, PretrainedModel):
         past = kv_cache.seq_len() if kv_cache is not None else 0
         if position_ids is None:
             position_ids = default_position_ids(attention_mask, seq_len, past, input_ids.device)
-        if segment_ids is not None:
-            if kv_cache is not None:
-                raise ValueError("segment_ids (packed sequences) are for training and scoring, not for a KV cache")
-            mask, is_causal = build_segment_mask(segment_ids, attention_mask), False
-        else:
-            mask, is_causal = build_attention_mask(attention_mask, seq_len, past + seq_len, causal=True)
+        mask, is_causal = build_decoder_mask(attention_mask, segment_ids, seq_len, past, kv_cache is not None)
         x = self.embed_tokens(input_ids)
         rotary = self.rotary(position_ids, x.dtype)
         for i, layer in enumerate(self.layers):
