@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -257,28 +257,23 @@ def _error_chunk(event: Event) -> bytes:
                            "code": "model_error"}})
 
 
-async def _chat_stream(run: _Run, request: Request, meta: dict, prompt_len: int, include_usage: bool,
-                       n: int) -> AsyncIterator[bytes]:
-    base = {**meta, "object": "chat.completion.chunk"}
-    extra = {"usage": None} if include_usage else {}
-    text_chunk = _text_chunk(base, include_usage, chat=True)
+async def _stream(run: _Run, request: Request, base: dict, prompt_len: int, include_usage: bool, n: int,
+                  opening: list[bytes], chunks: Callable[[int, Event], list[bytes]]) -> AsyncIterator[bytes]:
+    """The SSE loop both endpoints share: ``opening`` first, then each engine event as the endpoint's
+    ``chunks(index, event)`` (the events that arrived together go out in one write), the usage
+    chunk if asked, ``[DONE]``; an error event ends the stream with an error chunk."""
     tokens = [0] * n
     try:
-        for i in range(n):
-            yield _sse({**base, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                             "logprobs": None, "finish_reason": None}], **extra})
+        for first in opening:
+            yield first
         async for batch in run.events(request):
-            out = []  # the events that arrived together go out in one write
+            out: list[bytes] = []
             for index, event in batch:
                 if event.finish_reason == "error":
                     yield b"".join(out) + _error_chunk(event)
                     return
                 tokens[index] = event.completion_tokens
-                if event.text:
-                    out.append(text_chunk(index, event.text))
-                if event.finish_reason is not None:
-                    out.append(_sse({**base, "choices": [{"index": index, "delta": {}, "logprobs": None,
-                                                          "finish_reason": event.finish_reason}], **extra}))
+                out.extend(chunks(index, event))
             if out:
                 yield b"".join(out)
         if include_usage:
@@ -288,36 +283,39 @@ async def _chat_stream(run: _Run, request: Request, meta: dict, prompt_len: int,
         run.cancel()  # the client left mid-stream (the generator is closed): free the slots now
 
 
-async def _completion_stream(run: _Run, request: Request, meta: dict, prompt_len: int, include_usage: bool,
-                             n: int, echo: str) -> AsyncIterator[bytes]:
+def _chat_stream(run: _Run, request: Request, meta: dict, prompt_len: int, include_usage: bool,
+                 n: int) -> AsyncIterator[bytes]:
+    base = {**meta, "object": "chat.completion.chunk"}
+    extra = {"usage": None} if include_usage else {}
+    text_chunk = _text_chunk(base, include_usage, chat=True)
+
+    def chunks(index: int, event: Event) -> list[bytes]:
+        out = [text_chunk(index, event.text)] if event.text else []
+        if event.finish_reason is not None:
+            out.append(_sse({**base, "choices": [{"index": index, "delta": {}, "logprobs": None,
+                                                  "finish_reason": event.finish_reason}], **extra}))
+        return out
+
+    opening = [_sse({**base, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                          "logprobs": None, "finish_reason": None}], **extra}) for i in range(n)]
+    return _stream(run, request, base, prompt_len, include_usage, n, opening, chunks)
+
+
+def _completion_stream(run: _Run, request: Request, meta: dict, prompt_len: int, include_usage: bool,
+                       n: int, echo: str) -> AsyncIterator[bytes]:
     base = {**meta, "object": "text_completion"}
     extra = {"usage": None} if include_usage else {}
     text_chunk = _text_chunk(base, include_usage, chat=False)
-    tokens = [0] * n
-    try:
-        if echo:
-            for i in range(n):
-                yield _sse({**base, "choices": [{"index": i, "text": echo, "logprobs": None,
-                                                 "finish_reason": None}], **extra})
-        async for batch in run.events(request):
-            out = []
-            for index, event in batch:
-                if event.finish_reason == "error":
-                    yield b"".join(out) + _error_chunk(event)
-                    return
-                tokens[index] = event.completion_tokens
-                if event.finish_reason is not None:
-                    out.append(_sse({**base, "choices": [{"index": index, "text": event.text, "logprobs": None,
-                                                          "finish_reason": event.finish_reason}], **extra}))
-                elif event.text:
-                    out.append(text_chunk(index, event.text))
-            if out:
-                yield b"".join(out)
-        if include_usage:
-            yield _sse({**base, "choices": [], "usage": _usage(prompt_len, sum(tokens))})
-        yield b"data: [DONE]\n\n"
-    finally:
-        run.cancel()
+
+    def chunks(index: int, event: Event) -> list[bytes]:
+        if event.finish_reason is not None:  # the last text rides on the finishing chunk
+            return [_sse({**base, "choices": [{"index": index, "text": event.text, "logprobs": None,
+                                               "finish_reason": event.finish_reason}], **extra})]
+        return [text_chunk(index, event.text)] if event.text else []
+
+    opening = ([_sse({**base, "choices": [{"index": i, "text": echo, "logprobs": None, "finish_reason": None}],
+                      **extra}) for i in range(n)] if echo else [])
+    return _stream(run, request, base, prompt_len, include_usage, n, opening, chunks)
 
 
 __all__ = ["install_openai_routes"]
