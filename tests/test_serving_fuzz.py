@@ -365,7 +365,8 @@ def _chat_request(draw, kind: str, ascii_json: bool) -> tuple[str, str, dict, by
         if draw(st.booleans()):
             good["max_tokens"] = draw(st.integers(CHAT_CONTEXT, 10**9))  # the prompt is a few tokens
         else:
-            text = "今天天气真好，" * draw(st.integers(CHAT_CONTEXT // 2, MAX_BODY // 40))
+            # each repeat is 42 bytes as ASCII JSON (\uXXXX per character): stay under max_body_bytes
+            text = "今天天气真好，" * draw(st.integers(CHAT_CONTEXT // 2, (MAX_BODY - 256) // 42))
             good.update({"messages": [{"role": "user", "content": text}]} if path == CHAT_PATH else {"prompt": text})
         return _chat(json.dumps(good, ensure_ascii=ascii_json).encode(), path)
     if kind == "chat_content_type":
