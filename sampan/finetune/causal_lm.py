@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from sampan.finetune.adapter import apply_adapters
+from sampan.finetune.config import DEFAULT_LORA_TARGETS, FinetuneConfig
 from sampan.finetune.lora import apply_lora, merge_lora
 from sampan.finetune.peft_format import load_peft_adapter, save_peft_adapter
 from sampan.store.model_dir import TASK_FILE
@@ -48,6 +49,7 @@ from sampan.utils.json_file import read_json_object
 
 PEFT_DIR = "adapter"  # the peft adapter of a LoRA run, inside the output directory
 CAUSAL_METHODS = ("full", "lora", "adapter")
+BAD_RECORDS_FILE = "bad_records.jsonl"  # a chat / DPO run's skipped records, inside the output directory
 
 # Per family (``ModelSpec.family``): LoRA's default targets (attention), the MLP projections LoRA
 # may add, and where bottleneck adapters go (attention output, MLP output).
@@ -355,3 +357,30 @@ def _with_adapters(directory: Path, args: Mapping[str, Any], dtype: torch.dtype 
     apply_adapters(model, args["adapter_size"], within="", points=tuple(args["adapter_points"]))
     load_tensors(model, iter_tensors(files), str(directory))
     return model
+
+
+def prepare_output_dir(path: Path, overwrite: bool, resuming: bool) -> None:
+    """Make ``path`` ready for a causal-LM run: kept when resuming, refused when it holds
+    something and ``overwrite`` is off, else cleared (chat SFT and DPO share it)."""
+    if resuming:  # the run to continue lives in it
+        path.mkdir(parents=True, exist_ok=True)
+        return
+    if path.exists() and any(path.iterdir()):
+        if not overwrite:
+            raise ValueError(f"output directory {path} is not empty; set training.overwrite_output_dir (--overwrite) "
+                             "to replace it, --resume to continue the run in it, or choose another "
+                             "training.output_dir (--output-dir)")
+        shutil.rmtree(path)
+    path.mkdir(parents=True, exist_ok=True)
+
+
+def method_args(cfg: FinetuneConfig) -> dict[str, Any]:
+    """The method's settings from the config (LoRA's default targets are the family's attention
+    projections: ERNIE's default names mean "the default" here)."""
+    if cfg.method == "lora":
+        targets = None if tuple(cfg.lora_targets) == DEFAULT_LORA_TARGETS else list(cfg.lora_targets)
+        return {"lora_rank": cfg.lora_rank, "lora_alpha": cfg.lora_alpha, "lora_dropout": cfg.lora_dropout,
+                "lora_targets": targets}
+    if cfg.method == "adapter":
+        return {"adapter_size": cfg.adapter_size}
+    return {}

@@ -16,7 +16,6 @@ import dataclasses
 import inspect
 import math
 import os
-import shutil
 import time
 import types
 from pathlib import Path
@@ -24,17 +23,23 @@ from typing import Any
 
 import torch
 
-from sampan.finetune.causal_lm import apply_causal_method, load_causal_lm, save_causal_lm
+from sampan.finetune.causal_lm import (
+    BAD_RECORDS_FILE,
+    apply_causal_method,
+    load_causal_lm,
+    method_args,
+    prepare_output_dir,
+    save_causal_lm,
+)
 from sampan.finetune.chat_data import BadRecords, load_chat_data
 from sampan.finetune.chat_encoding import ChatEncoder, encode_records
-from sampan.finetune.config import DEFAULT_LORA_TARGETS, FinetuneConfig
+from sampan.finetune.config import FinetuneConfig
 from sampan.finetune.packing import ChatCollator, PackedDataset, PaddedDataset
 from sampan.finetune.result import FinetuneResult
 from sampan.trainer import Trainer, TrainerCallback
 from sampan.utils.device import resolve_device
 
 TRAINING_DIR = "training"  # the Trainer's run (checkpoints, metrics.jsonl, TensorBoard) inside output_dir
-BAD_RECORDS_FILE = "bad_records.jsonl"
 
 
 class DevLoss(TrainerCallback):
@@ -52,33 +57,6 @@ class DevLoss(TrainerCallback):
 
     def on_evaluate(self, args, state, metrics):
         self.last = dict(metrics)
-
-
-def prepare_output_dir(path: Path, overwrite: bool, resuming: bool) -> None:
-    """Make ``path`` ready for a causal-LM run: kept when resuming, refused when it holds
-    something and ``overwrite`` is off, else cleared (chat SFT and DPO share it)."""
-    if resuming:  # the run to continue lives in it
-        path.mkdir(parents=True, exist_ok=True)
-        return
-    if path.exists() and any(path.iterdir()):
-        if not overwrite:
-            raise ValueError(f"output directory {path} is not empty; set training.overwrite_output_dir (--overwrite) "
-                             "to replace it, --resume to continue the run in it, or choose another "
-                             "training.output_dir (--output-dir)")
-        shutil.rmtree(path)
-    path.mkdir(parents=True, exist_ok=True)
-
-
-def method_args(cfg: FinetuneConfig) -> dict[str, Any]:
-    """The method's settings from the config (LoRA's default targets are the family's attention
-    projections: ERNIE's default names mean "the default" here)."""
-    if cfg.method == "lora":
-        targets = None if tuple(cfg.lora_targets) == DEFAULT_LORA_TARGETS else list(cfg.lora_targets)
-        return {"lora_rank": cfg.lora_rank, "lora_alpha": cfg.lora_alpha, "lora_dropout": cfg.lora_dropout,
-                "lora_targets": targets}
-    if cfg.method == "adapter":
-        return {"adapter_size": cfg.adapter_size}
-    return {}
 
 
 def _takes_segments(model: torch.nn.Module) -> bool:

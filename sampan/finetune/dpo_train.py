@@ -25,9 +25,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from sampan.finetune.causal_lm import apply_causal_method, load_causal_lm, save_causal_lm
+from sampan.finetune.causal_lm import (
+    BAD_RECORDS_FILE,
+    apply_causal_method,
+    load_causal_lm,
+    method_args,
+    prepare_output_dir,
+    save_causal_lm,
+)
 from sampan.finetune.chat_data import BadRecords
-from sampan.finetune.chat_sft import BAD_RECORDS_FILE, method_args, prepare_output_dir
 from sampan.finetune.config import FinetuneConfig
 from sampan.finetune.dpo_config import DPOConfig
 from sampan.finetune.dpo_data import PreferenceCollator, PreferenceDataset, PreferencePair, preference_splits
