@@ -10,6 +10,36 @@ from typing import Any, ClassVar, TypeVar
 C = TypeVar("C", bound="ModelConfig")
 
 
+@dataclasses.dataclass(frozen=True)
+class MoEShape:
+    """What a Mixture-of-Experts model's MLPs are, as the planner and the zoo read it (torch-free).
+
+    Fields:
+        num_experts: routed experts per MoE layer ``E``.
+        top_k: experts each token is sent to.
+        expert_intermediate_size: SwiGLU width of one routed expert.
+        shared_intermediate_size: SwiGLU width of the shared-expert MLP every token also runs
+            (all shared experts together; 0 when there are none).
+        moe_layers: indices of the layers whose MLP is an MoE block; the others are dense.
+        dense_intermediate_size: SwiGLU width of the dense layers' MLP.
+        score_func: "softmax" or "sigmoid" router scores.
+        capacity_factor: None when dropless, else the expert capacity factor.
+    """
+
+    num_experts: int
+    top_k: int
+    expert_intermediate_size: int
+    shared_intermediate_size: int
+    moe_layers: tuple[int, ...]
+    dense_intermediate_size: int
+    score_func: str = "softmax"
+    capacity_factor: float | None = None
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.top_k <= self.num_experts:
+            raise ValueError(f"MoEShape.top_k must be in [1, num_experts={self.num_experts}], got {self.top_k}")
+
+
 @dataclasses.dataclass
 class ModelConfig:
     """Base for model configs: validation helpers and lossless dict / JSON round trips.
@@ -32,6 +62,15 @@ class ModelConfig:
     out_bias = True
     mlp_bias = True
     qk_norm = False  # per-head RMSNorm of q and k (two head_dim weights per layer)
+
+    def moe_shape(self) -> MoEShape | None:
+        """The model's Mixture-of-Experts layout, or None for a dense model (the default)."""
+        return None
+
+    def num_active_parameters(self, head: str | None = None) -> int:
+        """Parameters one token uses in a forward pass (an MoE model counts ``top_k`` routed
+        experts per MoE layer, not all of them); a dense model's ``num_parameters``."""
+        return self.num_parameters(head)  # type: ignore[attr-defined]
 
     @property
     def position_table_rows(self) -> int:
