@@ -230,3 +230,25 @@ def test_wrong_class_is_type_error(tmp_path):
         GPTModel.from_pretrained(tmp_path / "gpt")
     with pytest.raises(TypeError):
         ErnieModel.from_pretrained(tmp_path / "gpt")
+
+
+def test_pieces_fill_one_stacked_tensor_and_a_missing_piece_is_named():
+    """A per-expert checkpoint fills a model's ``[experts, ...]`` tensor piece by piece."""
+    from sampan.models.loading import load_tensors
+
+    class Stacked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(3, 4, 2))
+
+    pieces = [("w", torch.full((2, 2), float(e)), (e, slice(0, 2))) for e in range(3)]
+    pieces += [("w", torch.full((2, 2), -1.0 - e), (e, slice(2, 4))) for e in range(3)]
+    model = Stacked()
+    assert load_tensors(model, pieces, "ckpt") == {"w"}
+    assert torch.equal(model.w[1, :2], torch.ones(2, 2)) and torch.equal(model.w[2, 2:], torch.full((2, 2), -3.0))
+    with pytest.raises(ValueError, match=r"missing \['w \(only 20/24 elements\)'\]"):
+        load_tensors(Stacked(), pieces[:-1], "ckpt")
+    with pytest.raises(ValueError, match="given twice, with different values"):
+        load_tensors(Stacked(), [*pieces, ("w", torch.zeros(2, 2), (0, slice(2, 4)))], "ckpt")
+    with pytest.raises(ValueError, match=r"piece of w at \(0, slice\(0, 3, None\)\) has shape"):
+        load_tensors(Stacked(), [("w", torch.zeros(2, 2), (0, slice(0, 3)))], "ckpt")

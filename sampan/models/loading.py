@@ -41,19 +41,32 @@ def load_tensors(model: torch.nn.Module, tensors, source: str, partial: bool = F
     must equal the weight it is tied to. ``unknown`` collects source names the caller could not
     map while ``tensors`` ran; they are reported with the rest. Errors name the tensors and
     ``source``.
+
+    An item may also be ``(name, tensor, index)``: ``tensor`` fills ``model_tensor[index]`` (an
+    int or a tuple of ints / slices), so a checkpoint that stores one tensor per expert fills a
+    model that keeps all experts in one ``[experts, ...]`` tensor, piece by piece, as the
+    checkpoint streams. The tensor counts as loaded once its pieces cover every element.
     """
     tied = model.tied_weights() if hasattr(model, "tied_weights") else {}
     expected = {k: v for k, v in model.state_dict().items() if k not in tied}
     loaded: set[str] = set()
+    pieces: dict[str, dict[str, int]] = {}  # name -> {repr(index): elements it covers}
     aliases: dict[str, torch.Tensor] = {}
     unexpected: list[str] = []
     with torch.no_grad():
-        for name, tensor in tensors:
+        for item in tensors:
+            name, tensor = item[0], item[1]
+            index = item[2] if len(item) > 2 else None
             if name in tied:
                 aliases[name] = tensor
                 continue
             if name not in expected:
                 unexpected.append(name)
+                continue
+            if index is not None:
+                _load_piece(expected[name], name, tensor, index, pieces.setdefault(name, {}), source)
+                if sum(pieces[name].values()) == expected[name].numel():
+                    loaded.add(name)
                 continue
             if name in loaded:
                 if not torch.equal(tensor.to(expected[name].dtype), expected[name]):
@@ -65,10 +78,12 @@ def load_tensors(model: torch.nn.Module, tensors, source: str, partial: bool = F
             expected[name].copy_(tensor)
             loaded.add(name)
         unexpected += unknown or []
+        partly = {n: f"{sum(p.values())}/{expected[n].numel()} elements" for n, p in pieces.items() if n not in loaded}
         missing = sorted(set(expected) - loaded)
         if (missing and not partial) or unexpected:
+            shown = [f"{n} (only {partly[n]})" if n in partly else n for n in missing[:10]]
             raise ValueError(f"{source} does not match the model ({type(model).__name__}): "
-                             f"missing {missing[:10]}{' ...' if len(missing) > 10 else ''}, "
+                             f"missing {shown}{' ...' if len(missing) > 10 else ''}, "
                              f"unexpected {sorted(unexpected)[:10]}{' ...' if len(unexpected) > 10 else ''}")
         for alias, tensor in aliases.items():
             target = expected[tied[alias]]
@@ -76,6 +91,25 @@ def load_tensors(model: torch.nn.Module, tensors, source: str, partial: bool = F
                 raise ValueError(f"{source}: {alias} differs from {tied[alias]}, which this model ties it to; a "
                                  "checkpoint with an untied output layer needs a config with tie_word_embeddings=False")
     return loaded
+
+
+def _load_piece(target: torch.Tensor, name: str, tensor: torch.Tensor, index, seen: dict[str, int],
+                source: str) -> None:
+    """Copy ``tensor`` into ``target[index]``; a piece given twice must be equal both times.
+
+    Pieces must not overlap (each checkpoint tensor is a distinct slice, such as one expert), so
+    counting the elements each covers tells when the whole tensor has arrived."""
+    view = target[index]
+    key = repr(index)
+    if tensor.shape != view.shape:
+        raise ValueError(f"{source}: a piece of {name} at {key} has shape {tuple(tensor.shape)}, "
+                         f"the model expects {tuple(view.shape)}")
+    if key in seen:
+        if not torch.equal(tensor.to(view.dtype), view):
+            raise ValueError(f"{source}: the piece of {name} at {key} is given twice, with different values")
+        return
+    view.copy_(tensor)
+    seen[key] = view.numel()
 
 
 def load_safetensors(model: torch.nn.Module, path: Path, partial: bool = False) -> set[str]:
