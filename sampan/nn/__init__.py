@@ -16,6 +16,8 @@ from sampan.nn.embeddings import TransformerEmbeddings
 from sampan.nn.kv_cache import KVCache
 from sampan.nn.layer import Layer
 from sampan.nn.mlp import FeedForward
+from sampan.nn.moe import MoE
+from sampan.nn.moe_config import MoEConfig
 from sampan.nn.transformer import TransformerBlock
 
 
@@ -34,6 +36,8 @@ __all__ = [
     "FeedForward",
     "KVCache",
     "Layer",
+    "MoE",
+    "MoEConfig",
     "MultiHeadAttention",
     "TransformerBlock",
     "TransformerEmbeddings",
