@@ -24,6 +24,7 @@ from sampan.models import (
     list_models,
     register_config,
 )
+from sampan.models.ernie4_5 import Ernie4_5ForCausalLM, Ernie4_5Model
 
 # --------------------------------------------------------------------------------------------
 # configs
@@ -156,6 +157,8 @@ CLASSES = {
     ("ernie", "token_classification"): ErnieForTokenClassification,
     ("llama", "causal_lm"): LlamaForCausalLM,
     ("llama", "none"): LlamaModel,
+    ("ernie4_5", "causal_lm"): Ernie4_5ForCausalLM,
+    ("ernie4_5", "none"): Ernie4_5Model,
 }
 
 

@@ -25,6 +25,7 @@ FAMILY_PACKAGES = (
     "sampan.models.gpt",
     "sampan.models.ernie",
     "sampan.models.llama",
+    "sampan.models.ernie4_5",
 )
 
 FAMILIES: dict[str, ModelSpec] = {}
