@@ -13,6 +13,14 @@ import pytest
 import torch
 
 from sampan.nn import MoE, MoEConfig
+from sampan.nn.moe import (
+    moe_blocks,
+    moe_metrics,
+    reset_moe_stats,
+    set_aux_loss_scale,
+    set_load_reducer,
+    update_expert_bias,
+)
 from sampan.nn.moe_experts import GroupedExperts
 
 H, F_EXPERT = 16, 8  # multiples of 4: fp32 _grouped_mm runs at these widths
@@ -21,7 +29,7 @@ H, F_EXPERT = 16, 8  # multiples of 4: fp32 _grouped_mm runs at these widths
 def _randomize(module: torch.nn.Module, seed: int = 0) -> None:
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for t in list(module.parameters()) + list(module.buffers()):
+        for t in module.state_dict().values():  # parameters and saved buffers, not statistics
             if t.is_floating_point():
                 t.copy_(torch.randn(t.shape, generator=g) * 0.3)
 
@@ -201,3 +209,282 @@ def test_expert_capacity_formula():
     from sampan.nn.moe_balance import expert_capacity
     assert expert_capacity(10, 2, 4, 1.0) == 5
     assert expert_capacity(10, 2, 4, 1.25) == math.ceil(6.25)
+
+
+# -- balancing losses -------------------------------------------------------------------------
+
+def _block(seed: int = 0, **cfg) -> MoE:
+    block = MoE(MoEConfig(**{**dict(hidden_size=H, num_experts=8, top_k=2, expert_intermediate_size=F_EXPERT),
+                             **cfg}))
+    _randomize(block, seed)
+    return block
+
+
+def _direct_aux(kind: str, route, b: int, num_experts: int, k: int, score_func: str, other=None):
+    """The balancing losses written out from their papers, one sequence at a time for "sequence"."""
+    probs = route.scores if score_func == "softmax" else route.scores / route.scores.sum(-1, keepdim=True)
+    assigned = torch.nn.functional.one_hot(route.topk_idx, num_experts).float().sum(1)  # [T, E]
+    if kind == "micro_batch":
+        f = assigned.sum(0) / (assigned.shape[0] * k)
+        return num_experts * (f * probs.mean(0)).sum()
+    if kind == "global_batch":
+        counts = assigned.sum(0) + other
+        return num_experts * (counts / counts.sum() * probs.mean(0)).sum()
+    losses = []
+    for seq_assigned, seq_probs in zip(assigned.view(b, -1, num_experts), probs.view(b, -1, num_experts),
+                                       strict=True):
+        s = seq_assigned.shape[0]
+        f = num_experts / (k * s) * seq_assigned.sum(0)  # DeepSeek-V3's f_i
+        losses.append((f * seq_probs.mean(0)).sum())
+    return torch.stack(losses).mean()
+
+
+OTHER_RANK = torch.arange(8, dtype=torch.float32) * 3  # another data rank's expert counts
+
+
+@pytest.mark.parametrize("kind,score_func", [("micro_batch", "softmax"), ("global_batch", "softmax"),
+                                             ("sequence", "sigmoid"), ("sequence", "softmax")])
+def test_aux_loss_values_and_gradients_match_the_formula(kind, score_func):
+    coef, z_coef = 0.3, 0.05
+    block = _block(aux_loss=kind, aux_loss_coef=coef, z_loss_coef=z_coef, score_func=score_func,
+                   shared_intermediate_size=F_EXPERT)
+    reference = _block(score_func=score_func, shared_intermediate_size=F_EXPERT)  # no losses of its own
+    reference.load_state_dict(block.state_dict())
+    reducer = (lambda t: t + OTHER_RANK) if kind == "global_batch" else None
+    set_load_reducer(block, reducer)
+    x = torch.randn(3, 7, H, generator=torch.Generator().manual_seed(3))
+
+    x1 = x.clone().requires_grad_()
+    block(x1).sum().backward()
+
+    x2 = x.clone().requires_grad_()
+    out = reference(x2)
+    route = reference.gate(x2.reshape(-1, H))
+    aux = _direct_aux(kind, route, 3, 8, 2, score_func, OTHER_RANK)
+    z = (torch.logsumexp(route.logits, -1) ** 2).mean()
+    (out.sum() + coef * aux + z_coef * z).backward()
+
+    torch.testing.assert_close(block.last_aux_loss, aux.detach())
+    torch.testing.assert_close(block.last_z_loss, z.detach())
+    assert block.gate.weight.grad is not None
+    torch.testing.assert_close(x1.grad, x2.grad)
+    ours = dict(block.named_parameters())
+    for name, p in reference.named_parameters():
+        torch.testing.assert_close(ours[name].grad, p.grad, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_a_perfectly_even_router_has_aux_loss_one():
+    block = _block(aux_loss="micro_batch", num_experts=4, top_k=2)
+    with torch.no_grad():
+        block.gate.weight.zero_()  # equal scores; top-k then picks experts 0 and 1 for every token
+    block(torch.randn(1, 4, H))
+    # f = (.5, .5, 0, 0), P = .25 each: E * sum f P = 4 * .25 = 1.
+    assert float(block.last_aux_loss) == pytest.approx(1.0)
+
+
+def test_aux_loss_scale_multiplies_the_losses_gradient():
+    block = _block(aux_loss="micro_batch", aux_loss_coef=1.0, z_loss_coef=0.1)
+    x = torch.randn(2, 5, H)
+    grads = []
+    for scale in (1.0, 0.25, 0.0):
+        set_aux_loss_scale(block, scale)
+        block.zero_grad()
+        block(x).sum().backward()
+        grads.append(block.gate.weight.grad.clone())
+    # The main loss's part of gate.weight's gradient is g(0); the losses' part scales linearly.
+    torch.testing.assert_close(grads[1] - grads[2], 0.25 * (grads[0] - grads[2]))
+    assert (grads[0] - grads[2]).abs().max() > 1e-4
+
+
+def test_losses_are_not_computed_in_eval():
+    block = _block(aux_loss="micro_batch", aux_loss_coef=1.0).eval()
+    block(torch.randn(1, 3, H))
+    assert block.last_aux_loss is None
+    assert float(block.tokens_per_expert.sum()) == 0
+
+
+# -- aux-loss-free bias -----------------------------------------------------------------------
+
+def _skewed(rate: float = 1e-3, **cfg) -> tuple[MoE, torch.Tensor]:
+    """A sigmoid router that sends most tokens to the low-numbered experts: feature 0 is a constant
+    1 and its router weight falls from expert 0 to expert 7."""
+    block = _block(score_func="sigmoid", score_correction_bias=True, bias_update_rate=rate, **cfg)
+    with torch.no_grad():
+        block.gate.weight[:, 0] = torch.linspace(2.0, -2.0, 8)
+        block.gate.e_score_correction_bias.zero_()
+    x = torch.randn(4, 64, H, generator=torch.Generator().manual_seed(4))
+    x[..., 0] = 1.0
+    return block, x
+
+
+def _load(block: MoE, x: torch.Tensor) -> torch.Tensor:
+    reset_moe_stats(block)
+    with torch.no_grad():
+        block(x)
+    return block.tokens_per_expert.clone()
+
+
+def test_one_bias_update_lowers_the_overloaded_and_raises_the_idle():
+    block, x = _skewed(rate=0.01)
+    load = _load(block, x)
+    update_expert_bias(block)
+    bias = block.gate.e_score_correction_bias
+    assert bias[load > load.mean()].max() == pytest.approx(-0.01)
+    assert bias[load < load.mean()].min() == pytest.approx(0.01)
+    torch.testing.assert_close(bias, 0.01 * torch.sign(load.mean() - load))
+    assert float(block.tokens_per_expert.sum()) == 0  # the update resets the statistics
+
+
+def test_repeated_bias_updates_even_out_a_skewed_router():
+    block, x = _skewed(rate=0.02)
+    before = _load(block, x)
+    for _ in range(150):
+        _load(block, x)
+        update_expert_bias(block)
+    after = _load(block, x)
+    ratio = lambda load: float(load.max() / load.mean())  # noqa: E731
+    assert ratio(before) > 2.5
+    assert ratio(after) < 1.3, (before, after)
+
+
+def test_bias_update_uses_the_load_summed_over_ranks():
+    block, x = _skewed(rate=0.01)
+    local = _load(block, x)
+    other = torch.zeros(8)
+    other[7] = 10 * local.sum()  # another rank swamps expert 7
+    set_load_reducer(block, lambda t: t + other)
+    update_expert_bias(block)
+    total = local + other
+    torch.testing.assert_close(block.gate.e_score_correction_bias, 0.01 * torch.sign(total.mean() - total))
+    assert block.gate.e_score_correction_bias[7] < 0 < block.gate.e_score_correction_bias[0]
+
+
+def test_blocks_without_a_bias_are_left_alone_but_reset():
+    block = _block()
+    block(torch.randn(1, 4, H))
+    update_expert_bias(block)
+    assert not hasattr(block.gate, "e_score_correction_bias") or block.gate.e_score_correction_bias is None
+    assert float(block.tokens_per_expert.sum()) == 0
+
+
+# -- capacity ---------------------------------------------------------------------------------
+
+def _by_hand(block: MoE, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Token by token, copy by copy: the kept copies' weighted expert outputs plus the shared
+    experts (a dropped copy adds nothing)."""
+    tokens = x.reshape(-1, x.shape[-1])
+    route = block.gate(tokens)
+    w_gu, w_down = block.experts.gate_up_proj, block.experts.down_proj
+    rows = []
+    for t in range(tokens.shape[0]):
+        row = block.shared_experts(tokens[t]) if block.shared_experts is not None else torch.zeros_like(tokens[t])
+        for j in range(route.topk_idx.shape[1]):
+            if keep[t, j]:
+                e = route.topk_idx[t, j]
+                gate, up = (w_gu[e] @ tokens[t]).chunk(2)
+                row = row + route.topk_weight[t, j] * (w_down[e] @ (torch.nn.functional.silu(gate) * up))
+        rows.append(row)
+    return torch.stack(rows).view_as(x)
+
+
+def _expected_keep(route, capacity: int, policy: str) -> torch.Tensor:
+    """For each expert, its copies ranked by weight ("probs") or by token ("position"); the first
+    ``capacity`` are kept."""
+    keep = torch.zeros_like(route.topk_idx, dtype=torch.bool)
+    for e in range(8):
+        copies = [(t, j) for t in range(route.topk_idx.shape[0]) for j in range(route.topk_idx.shape[1])
+                  if route.topk_idx[t, j] == e]
+        if policy == "probs":
+            copies.sort(key=lambda c: -float(route.topk_weight[c]))
+        for t, j in copies[:capacity]:
+            keep[t, j] = True
+    return keep
+
+
+@pytest.mark.parametrize("policy", ["probs", "position"])
+def test_capacity_drops_the_right_copies_and_counts_them(policy):
+    block, x = _skewed(capacity_factor=1.0, drop_policy=policy, shared_intermediate_size=F_EXPERT)
+    x = x[:, :10]  # 40 tokens, 80 copies, capacity 10 per expert
+    with torch.no_grad():
+        out = block(x)
+        route = block.gate(x.reshape(-1, H))
+    keep = _expected_keep(route, 10, policy)
+    counts = torch.bincount(route.topk_idx.reshape(-1), minlength=8)
+    assert int(block.last_dropped_tokens) == int((counts - 10).clamp(min=0).sum()) == int((~keep).sum()) > 0
+    torch.testing.assert_close(out, _by_hand(block, x, keep).detach(), atol=1e-5, rtol=1e-5)
+    assert moe_metrics(block)["moe/dropped_tokens"] == float((~keep).sum())
+
+
+def test_a_fully_dropped_token_still_gets_the_shared_experts():
+    block, x = _skewed(capacity_factor=0.25, drop_policy="position", shared_intermediate_size=F_EXPERT)
+    x = x[:1, :8]  # 8 tokens, 16 copies, capacity 1 per expert: the late tokens lose both copies
+    x.requires_grad_()
+    out = block(x)
+    last = x[0, -1]
+    torch.testing.assert_close(out[0, -1], block.shared_experts(last))
+    out.sum().backward()  # dropped copies take no gradient, the rest do
+    assert torch.isfinite(x.grad).all() and x.grad[0, 0].abs().sum() > 0
+
+
+def test_a_large_capacity_factor_drops_nothing():
+    dropless, x = _skewed()
+    capped = _block(score_func="sigmoid", score_correction_bias=True, capacity_factor=8.0)
+    capped.load_state_dict(dropless.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(capped(x), dropless(x))
+    assert int(capped.last_dropped_tokens) == 0
+
+
+def test_dropless_matches_the_block_by_hand():
+    block, x = _skewed(shared_intermediate_size=F_EXPERT)
+    x = x[:, :6]
+    with torch.no_grad():
+        torch.testing.assert_close(block(x), _by_hand(block, x, torch.ones(24, 2, dtype=torch.bool)),
+                                   atol=1e-5, rtol=1e-5)
+
+
+# -- statistics -------------------------------------------------------------------------------
+
+class _TwoLayers(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([torch.nn.ModuleDict({"mlp": _block(seed=i, aux_loss="micro_batch",
+                                                                               z_loss_coef=0.01)})
+                                           for i in range(2)])
+        self.layers.insert(0, torch.nn.ModuleDict({"mlp": torch.nn.Linear(H, H)}))  # a dense layer 0
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = x + layer["mlp"](x)
+        return x
+
+
+def test_statistics_and_metrics():
+    model = _TwoLayers()
+    assert [name for name, _ in moe_blocks(model)] == ["layers.1.mlp", "layers.2.mlp"]
+    assert "tokens_per_expert" not in str(list(model.state_dict()))
+    x = torch.randn(2, 5, H)
+    model(x)
+    model(x)
+    metrics = moe_metrics(model)
+    for name, block in moe_blocks(model):
+        assert float(block.tokens_per_expert.sum()) == 2 * 10 * 2  # two calls, 10 tokens, k = 2
+    loads = [b.tokens_per_expert for _, b in moe_blocks(model)]
+    expected = [float(load.max() / load.mean()) for load in loads]
+    assert metrics["moe/layer1/load_max_over_mean"] == pytest.approx(expected[0])
+    assert metrics["moe/layer2/load_max_over_mean"] == pytest.approx(expected[1])
+    assert metrics["moe/load_max_over_mean"] == pytest.approx(max(expected))
+    aux = [float(b.last_aux_loss) for _, b in moe_blocks(model)]
+    assert metrics["moe/aux_loss"] == pytest.approx(sum(aux) / 2)
+    assert metrics["moe/z_loss"] > 0 and metrics["moe/dropped_tokens"] == 0
+    reset_moe_stats(model)
+    assert all(float(b.tokens_per_expert.sum()) == 0 and b.last_aux_loss is None for _, b in moe_blocks(model))
+    assert "moe/aux_loss" not in moe_metrics(model)
+
+
+def test_dropless_block_exports_without_data_dependent_branches():
+    block = _block(shared_intermediate_size=F_EXPERT).eval()
+    x = torch.randn(2, 5, H)
+    program = torch.export.export(block, (x,))
+    y = torch.randn(2, 5, H)
+    torch.testing.assert_close(program.module()(y), block(y), atol=1e-5, rtol=1e-5)

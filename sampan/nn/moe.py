@@ -109,7 +109,11 @@ class MoE(Layer):
             counts = torch.zeros(self.num_experts + 1, device=flat.device, dtype=torch.long).scatter_add_(
                 0, flat, torch.ones_like(flat))[: self.num_experts]
             if dropped is not None:
-                order = order[: int(counts.sum())]  # a host sync, only when tokens may drop
+                # A host sync, only when tokens may drop (an unbacked size under torch.export).
+                kept = counts.sum().item()
+                torch._check(kept >= 0)
+                torch._check(kept <= order.shape[0])
+                order = order[:kept]
             token_of = torch.div(order, k, rounding_mode="floor")
 
         expert_out = self.experts(tokens[token_of], counts)
@@ -131,19 +135,25 @@ class MoE(Layer):
                  dropped: torch.Tensor | None) -> torch.Tensor:
         """Record the statistics and hang the weighted balancing losses on ``out``'s gradient."""
         cfg = self.config
+        # Plain tensor attributes are statistics for eager runs; an exported graph keeps only
+        # the buffer.
+        recording = not torch.compiler.is_exporting()
         with torch.no_grad():
             self.tokens_per_expert.add_(routed)
-        self.last_dropped_tokens = dropped
+        if recording:
+            self.last_dropped_tokens = dropped
         total = None
         if cfg.aux_loss != "none":
             probs = normalized_scores(route.scores, cfg.score_func)
             aux = load_balancing_loss(cfg.aux_loss, probs, route.topk_idx, routed, batch_size, self.load_reducer)
-            self.last_aux_loss = aux.detach()
+            if recording:
+                self.last_aux_loss = aux.detach()
             if cfg.aux_loss_coef > 0:
                 total = cfg.aux_loss_coef * aux
         if cfg.z_loss_coef > 0:
             z = router_z_loss(route.logits)
-            self.last_z_loss = z.detach()
+            if recording:
+                self.last_z_loss = z.detach()
             total = cfg.z_loss_coef * z if total is None else total + cfg.z_loss_coef * z
         if total is not None and torch.is_grad_enabled():
             out = MoEAuxLossAutoScaler.apply(out, total, self.aux_loss_scale)

@@ -93,7 +93,10 @@ class GroupedExperts(Layer):
         expert_of_row = torch.repeat_interleave(torch.arange(e, device=x.device), counts, output_size=n)
         starts = torch.cumsum(counts, dim=0) - counts
         slot = torch.arange(n, device=x.device) - starts[expert_of_row]
-        capacity = int(counts.max()) if n else 0  # the one host sync of this path
+        # The one host sync of this path. Under torch.export it is an unbacked size, bounded here.
+        capacity = counts.max().item() if counts.numel() else 0
+        torch._check(capacity >= 0)
+        torch._check(capacity <= n)
         buf = x.new_zeros(e, capacity, x.shape[1])
         buf = buf.index_put((expert_of_row, slot), x)
         gate_up = torch.bmm(buf, self.gate_up_proj.transpose(-2, -1).to(x.dtype))
@@ -138,8 +141,9 @@ def _grouped_mm_works(device_type: str, dtype: torch.dtype) -> bool:
     if not hasattr(torch, "_grouped_mm"):
         return False
     if torch.compiler.is_compiling():
-        # No probing while tracing: trust the case measured on torch 2.13's CPU build.
-        return device_type == "cpu" and dtype in (torch.float32, torch.bfloat16)
+        # No probing while tracing. The op's meta kernel (what export and compile trace) takes
+        # bf16 only, although the CPU kernel also runs fp32.
+        return dtype == torch.bfloat16
     return _probe_grouped_mm(device_type, dtype)
 
 
