@@ -24,6 +24,7 @@ from sampan.models import (
     list_models,
     register_config,
 )
+from sampan.models.deepseek_v3 import DeepseekV3ForCausalLM, DeepseekV3Model
 from sampan.models.ernie4_5 import Ernie4_5ForCausalLM, Ernie4_5Model
 
 # --------------------------------------------------------------------------------------------
@@ -159,6 +160,8 @@ CLASSES = {
     ("llama", "none"): LlamaModel,
     ("ernie4_5", "causal_lm"): Ernie4_5ForCausalLM,
     ("ernie4_5", "none"): Ernie4_5Model,
+    ("deepseek_v3", "causal_lm"): DeepseekV3ForCausalLM,
+    ("deepseek_v3", "none"): DeepseekV3Model,
 }
 
 

@@ -26,6 +26,7 @@ FAMILY_PACKAGES = (
     "sampan.models.ernie",
     "sampan.models.llama",
     "sampan.models.ernie4_5",
+    "sampan.models.deepseek_v3",
 )
 
 FAMILIES: dict[str, ModelSpec] = {}
