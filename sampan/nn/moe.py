@@ -53,8 +53,8 @@ class MoE(Layer):
 
     Statistics (not in the state dict): ``tokens_per_expert`` (fp32 ``[E]``, copies the router
     sent to each expert in training forwards since the last ``update_expert_bias`` /
-    ``reset_moe_stats``; a recomputed forward counts twice, which scales every expert's load
-    alike) and the last training forward's ``last_aux_loss``, ``last_z_loss`` (unweighted, 0-d
+    ``reset_moe_stats``; the replay of a recomputed forward in backward is not counted again)
+    and the last training forward's ``last_aux_loss``, ``last_z_loss`` (unweighted, 0-d
     tensors) and ``last_dropped_tokens`` (copies over capacity).
     """
 
@@ -135,11 +135,15 @@ class MoE(Layer):
                  dropped: torch.Tensor | None) -> torch.Tensor:
         """Record the statistics and hang the weighted balancing losses on ``out``'s gradient."""
         cfg = self.config
+        # Activation recompute (torch.utils.checkpoint) replays this forward inside backward: the
+        # replay must not count the tokens or record the losses again.
+        replay = _in_backward()
         # Plain tensor attributes are statistics for eager runs; an exported graph keeps only
         # the buffer.
-        recording = not torch.compiler.is_exporting()
-        with torch.no_grad():
-            self.tokens_per_expert.add_(routed)
+        recording = not torch.compiler.is_exporting() and not replay
+        if not replay:
+            with torch.no_grad():
+                self.tokens_per_expert.add_(routed)
         if recording:
             self.last_dropped_tokens = dropped
         total = None
@@ -158,6 +162,12 @@ class MoE(Layer):
         if total is not None and torch.is_grad_enabled():
             out = MoEAuxLossAutoScaler.apply(out, total, self.aux_loss_scale)
         return out
+
+
+def _in_backward() -> bool:
+    """Whether this forward runs inside a backward pass: a checkpointed block being recomputed
+    (eager only; a compiled graph's recompute never re-runs the Python forward)."""
+    return not torch.compiler.is_compiling() and torch._C._current_graph_task_id() != -1
 
 
 def moe_blocks(model: nn.Module) -> list[tuple[str, MoE]]:
