@@ -129,17 +129,18 @@ def test_parameter_counts_equal_transformers(name):
     assert config.num_parameters() == total
     idle = (config.n_routed_experts - config.num_experts_per_tok) * 3 * config.hidden_size * config.moe_intermediate_size
     assert config.num_active_parameters() == total - (config.num_layers - config.first_k_dense_replace) * idle
-    model = create(name, device="meta")
-    assert model.num_parameters() == config.num_parameters()
-    assert create(name, device="meta", head="none").num_parameters() == config.num_parameters("none")
+    assert create(name, device="meta").num_parameters() == config.num_parameters()
+    with_mtp = config.replace(num_nextn_predict_layers=1)
     if name == "deepseek-v3":  # DeepSeek publishes 671B total and 37B activated, both without the MTP module
         assert (config.num_parameters(), config.num_active_parameters()) == (671_026_404_352, 37_552_282_624)
-        with_mtp = config.replace(num_nextn_predict_layers=1)
         # 11.6B of MTP weights of its own (+ the shared 0.93B embedding and head the Hub repeats: "685B").
         assert with_mtp.num_parameters() - config.num_parameters() == 11_610_067_968
-        assert create(with_mtp, device="meta").num_parameters() == with_mtp.num_parameters()
         shape = config.moe_shape()
         assert (shape.num_experts, shape.top_k, shape.moe_layers[0], len(shape.moe_layers)) == (256, 8, 3, 58)
+    else:  # the MTP module's own weights (its MoE layer counted with top-k experts when active)
+        model = create(with_mtp, device="meta")
+        assert model.num_parameters() == with_mtp.num_parameters()
+        assert with_mtp.num_active_parameters() == with_mtp.num_parameters() - 3 * idle
 
 
 def test_flops_per_token_by_hand():
@@ -351,3 +352,51 @@ def test_split_plans_name_real_modules():
     with pytest.raises(ValueError, match="MTP modules"):
         parallelize.pipeline_parts(model)
     assert len(parallelize.pipeline_parts(create("deepseek-v3-tiny", device="meta")).layers) == 4
+
+
+TP_SCRIPT = '''
+import json
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+from sampan.distributed.tensor_parallel import apply_tensor_parallel
+from sampan.models import create
+from sampan.models.deepseek_v3.parallelize import tensor_parallel_plan
+from sampan.nn import KVCache
+
+dist.init_process_group("gloo")
+mesh = init_device_mesh("cpu", (2,))
+torch.manual_seed(0)
+model = create("deepseek-v3-tiny").eval()
+ids = torch.randint(0, 512, (2, 9), generator=torch.Generator().manual_seed(0))
+with torch.no_grad():
+    want = model(ids)
+    apply_tensor_parallel(model, mesh, tensor_parallel_plan(model))
+    got = model(ids).full_tensor()
+    cache = KVCache(model.config.num_layers)
+    model(ids[:, :5], kv_cache=cache)
+    step = model(ids[:, 5:6], kv_cache=cache).full_tensor()
+rows = model.model.layers[0].self_attn.kv_b_proj.weight.to_local().shape[0]
+if dist.get_rank() == 0:
+    print("RESULT", json.dumps({"diff": (got - want).abs().max().item(), "kv_b_rows": rows,
+                                "step_diff": (step[:, -1] - want[:, 5]).abs().max().item()}))
+dist.destroy_process_group()
+'''
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(180)
+def test_tensor_parallel_mla_equals_one_process(tmp_path):
+    """mp=2 over gloo: each rank expands the replicated latent into its 2 of the 4 heads
+    (kv_b_proj column-wise), with and without the latent cache; logits equal one process."""
+    from ranks import run_ranks
+
+    script = tmp_path / "tp.py"
+    script.write_text(TP_SCRIPT)
+    run = run_ranks(script, nproc=2, timeout=150)
+    assert run.returncode == 0, run.stdout[-3000:]
+    result = json.loads(run.stdout.split("RESULT", 1)[1].splitlines()[0])
+    config = get_config("deepseek-v3-tiny")
+    assert result["kv_b_rows"] == config.num_heads // 2 * (config.qk_nope_head_dim + config.v_head_dim)
+    assert result["diff"] < 1e-5 and result["step_diff"] < 1e-5
