@@ -308,3 +308,68 @@ def test_parallel_plans_leave_moe_blocks_to_expert_parallelism():
     assert parts.layers is moe.model.layers and parts.positions == "rotary"
     assert isinstance(moe.get_submodule("model.layers.1.mlp"), MoE)
     assert sampan.models.get_spec("ernie4_5").parallel() is parallelize
+
+
+# -- under fleet -----------------------------------------------------------------------------------------
+FLEET_SCRIPT = r'''
+import json, os, sys
+import torch
+import torch.distributed as dist
+import sampan
+from sampan.models import create
+from sampan.nn.moe import update_expert_bias
+
+torch.set_num_threads(1)
+out, hybrid = sys.argv[1], json.loads(sys.argv[2])
+torch.manual_seed(0)
+model = create("ernie4.5-moe-tiny", num_layers=4, moe_layer_interval=2, moe_bias_update_rate=0.01)
+with torch.no_grad():  # skew the correction bias so that its update has a visible job
+    model.model.layers[1].mlp.gate.e_score_correction_bias[0] = 0.05
+optimizer = sampan.optimizer.AdamW(learning_rate=1e-2, parameters=model.parameters())
+gen = torch.Generator().manual_seed(1)
+batches = [torch.randint(3, 512, (4, 16), generator=gen) for _ in range(3)]
+losses = []
+if hybrid:
+    from sampan.distributed import fleet
+    strategy = fleet.DistributedStrategy()
+    strategy.hybrid_configs = hybrid
+    fleet.init(is_collective=True, strategy=strategy)
+    dmodel = fleet.distributed_model(model)
+    optimizer = fleet.distributed_optimizer(optimizer)
+    for ids in batches:
+        losses.append(dmodel.train_batch(fleet.shard_batch({"input_ids": ids, "labels": ids}), optimizer).item())
+else:
+    for ids in batches:
+        loss = model(ids, labels=ids)
+        optimizer.minimize(loss)
+        update_expert_bias(model)
+        losses.append(loss.item())
+bias = model.model.layers[1].mlp.gate.e_score_correction_bias
+bias = bias.full_tensor() if hasattr(bias, "full_tensor") else bias
+if not hybrid or dist.get_rank() == 0:
+    with open(out, "w") as f:
+        json.dump({"losses": losses, "bias": bias.tolist()}, f)
+if dist.is_initialized():
+    from sampan.distributed.env import shutdown
+    shutdown()
+'''
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_moe_model_trains_alike_under_dp2_mp2(tmp_path):
+    """dp2 x mp2 (attention and dense MLPs split by mp, MoE blocks whole on each mp rank) gives one
+    process's losses and correction-bias updates (the loads summed over the data ranks)."""
+    from tests.ranks import run_ranks
+
+    script = tmp_path / "ernie4_5_fleet.py"
+    script.write_text(FLEET_SCRIPT)
+    results = {}
+    for name, hybrid, nproc in (("one", {}, 1), ("dp2_mp2", {"dp_degree": 2, "mp_degree": 2}, 4)):
+        run = run_ranks(script, [tmp_path / f"{name}.json", json.dumps(hybrid)], nproc=nproc, distributed=bool(hybrid))
+        assert run.returncode == 0, run.stdout[-3000:]
+        results[name] = json.loads((tmp_path / f"{name}.json").read_text())
+    one, fleet = results["one"], results["dp2_mp2"]
+    torch.testing.assert_close(torch.tensor(fleet["losses"]), torch.tensor(one["losses"]), atol=2e-5, rtol=0)
+    torch.testing.assert_close(torch.tensor(fleet["bias"]), torch.tensor(one["bias"]), atol=1e-6, rtol=0)
+    assert one["bias"][0] < 0.05  # the overloaded expert's bias went down
