@@ -57,6 +57,9 @@ class Hardware:
     """A fixed share of peak for the model's FLOPs; None: the width curve (:meth:`efficiency`)."""
     efficiency_max: float = EFFICIENCY_MAX
     efficiency_h0: float = EFFICIENCY_H0
+    fp8_tflops: float | None = None
+    """Peak dense FP8 TFLOP/s (``Workload.fp8`` GEMMs); None: twice ``tflops``, as Hopper's datasheets
+    list it (1,979 against 989)."""
 
     def __post_init__(self) -> None:
         for name in ("gpus_per_node",):
@@ -71,6 +74,8 @@ class Hardware:
             raise ValueError("hardware link_efficiency and efficiency_max must be in (0, 1]")
         if self.matmul_efficiency is not None and not 0 < self.matmul_efficiency <= 1:
             raise ValueError(f"matmul efficiency must be in (0, 1], got {self.matmul_efficiency!r}")
+        if self.fp8_tflops is not None and (isinstance(self.fp8_tflops, bool) or self.fp8_tflops <= 0):
+            raise ValueError(f"hardware fp8_tflops must be a number > 0 or None, got {self.fp8_tflops!r}")
         if self.efficiency_h0 < 0:
             raise ValueError(f"efficiency_h0 must be >= 0, got {self.efficiency_h0!r}")
 
@@ -86,6 +91,11 @@ class Hardware:
         return self.tflops * 1e12
 
     @property
+    def fp8_peak_flops(self) -> float:
+        """Peak FP8 FLOP/s (twice the bf16 peak unless ``fp8_tflops`` says otherwise)."""
+        return (self.fp8_tflops if self.fp8_tflops is not None else 2 * self.tflops) * 1e12
+
+    @property
     def memory_bytes(self) -> float:
         return self.memory_gb * 1e9
 
@@ -98,10 +108,14 @@ class Hardware:
 
 # NVIDIA datasheet figures (SXM parts): dense bf16 tensor-core peak, HBM size and bandwidth, NVLink.
 # Networks are the DGX reference designs: one 200 Gb/s HDR NIC per A100, one 400 Gb/s NDR NIC per H100/H200.
+# H800 (the export H100): the H100 SXM's compute, HBM and PCIe, NVLink cut to 400 GB/s; its network is
+# DeepSeek-V3's cluster as the paper describes it (one 400 Gb/s = 50 GB/s InfiniBand NIC per GPU; the
+# paper measures 160 GB/s NVLink and 50 GB/s IB, which 0.8 link efficiency turns 400 / 400 into: 160 / 40).
 PRESETS: dict[str, Hardware] = {
     "a100-80g": Hardware("a100-80g", 8, 80.0, 312.0, 600.0, 200.0, 2039.0),
     "h100-80g": Hardware("h100-80g", 8, 80.0, 989.0, 900.0, 400.0, 3350.0, host_gbps=50.0),
     "h200": Hardware("h200", 8, 141.0, 989.0, 900.0, 400.0, 4800.0, host_gbps=50.0),
+    "h800-80g": Hardware("h800-80g", 8, 80.0, 989.0, 400.0, 400.0, 3350.0, host_gbps=50.0),
 }
 
 

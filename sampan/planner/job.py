@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from sampan.planner.hardware import PRESETS, Hardware, get_hardware
-from sampan.planner.layout import FIX_METAVAR, Layout, Workload, parse_fix
+from sampan.planner.layout import DEFAULT_MOE_LOAD_FACTOR, FIX_METAVAR, Layout, Workload, parse_fix
 
 DEFAULT_SEQ_LEN = 2048
 
@@ -31,7 +31,15 @@ class Job:
         fix: one layout, dp=..,mp=..,pp=.. (missing dp takes the leftover GPUs; the micro-batch
             count follows from the global batch; also cp=, sharding=, stage=, micro_batch=,
             num_micro=, recompute=, schedule=, vpp=, sp=, amp=O1|O2, master_weights=,
-            master_grads=, offload=).
+            master_grads=, offload=, and ep= for an MoE model's expert parallelism).
+        fp8: price the blocks' linear-layer GEMMs at the FP8 peak (as DeepSeek-V3 trained; sampan
+            trains in bf16); attention, router, embedding and head stay bf16.
+        moe_load_factor: MoE: the busiest expert-parallel rank's routed tokens over the mean (an
+            assumed router imbalance, default 1.1); stretches expert compute and the all-to-all.
+        moe_dispatch: MoE: "copies" (every routed copy crosses the network on its own: sampan's
+            expert parallelism) or "node_dedup" (once per destination node, then NVLink: DeepSeek-V3).
+        a2a_overlap: MoE: the share of the all-to-all hidden behind compute, 0 to 1 (sampan runs
+            it in line: 0; DeepSeek-V3's DualPipe overlaps it: 1).
     """
 
     model: str | None = None
@@ -40,6 +48,10 @@ class Job:
     global_batch: int = 1536
     fp32: bool = False
     fix: str | None = None
+    fp8: bool = False
+    moe_load_factor: float = DEFAULT_MOE_LOAD_FACTOR
+    moe_dispatch: str = "copies"
+    a2a_overlap: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("gpus", "seq_len", "global_batch"):
@@ -49,7 +61,9 @@ class Job:
 
     def workload(self) -> Workload:
         """The step it trains: ``seq_len`` (default 2048) x ``global_batch`` tokens, bf16 or fp32."""
-        return Workload(self.seq_len or DEFAULT_SEQ_LEN, self.global_batch, None if self.fp32 else "bf16")
+        return Workload(self.seq_len or DEFAULT_SEQ_LEN, self.global_batch, None if self.fp32 else "bf16",
+                        fp8=self.fp8, moe_load_factor=self.moe_load_factor, moe_dispatch=self.moe_dispatch,
+                        a2a_overlap=self.a2a_overlap)
 
     def layout(self) -> Layout:
         """``fix`` as a layout of ``gpus``."""
@@ -63,11 +77,11 @@ class GpuChoice:
     """The cluster's GPUs: a preset, and/or numbers that override it.
 
     Fields:
-        hardware: preset: a100-80g (default), h100-80g or h200.
+        hardware: preset: a100-80g (default), h100-80g, h200 or h800-80g.
         gpus_per_node: GPUs per node (preset: 8).
-        gpu_memory_gb: memory per GPU in GB (preset: 80 for A100 / H100, 141 for H200).
+        gpu_memory_gb: memory per GPU in GB (preset: 80 for A100 / H100 / H800, 141 for H200).
         gpu_tflops: peak dense bf16 TFLOP/s per GPU.
-        intra_node_gbps: NVLink GB/s per GPU, both directions summed (A100 600, H100 900).
+        intra_node_gbps: NVLink GB/s per GPU, both directions summed (A100 600, H100 900, H800 400).
         inter_node_gbps: network Gb/s per GPU, one direction (HDR 200, NDR 400).
         matmul_efficiency: share of peak the matmuls reach (calibrated default: docs/planner.md).
     """

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,15 @@ SCHEDULE_NAMES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B", "interleaved
                   "gpipe": "GPipe", "fthenb": "GPipe"}
 
 
+DEFAULT_MOE_LOAD_FACTOR = 1.1
+"""Assumed router imbalance: the busiest expert-parallel rank's routed tokens over the mean (an
+assumption, not measured: aux-loss-free balancing as DeepSeek-V3 reports keeps loads close to even,
+and 1.1 leaves 10% for what remains). It stretches expert compute and the all-to-all."""
+
+
+MOE_DISPATCH = ("copies", "node_dedup")
+
+
 @dataclasses.dataclass(frozen=True)
 class Workload:
     """What one optimizer step trains: ``global_batch`` sequences of ``seq_len`` tokens."""
@@ -26,6 +36,20 @@ class Workload:
     global_batch: int = 1536
     amp: str | None = "bf16"
     """"bf16" (autocast over fp32 parameters, as sampan's AMP does) or None (fp32)."""
+    fp8: bool = False
+    """The blocks' linear layers (attention projections, MLPs, experts) run their GEMMs in FP8, as
+    DeepSeek-V3 trained (``Hardware.fp8_tflops``); attention itself, router, embedding and head stay
+    bf16. Sampan does not train in FP8: this prices a published run that did."""
+    moe_load_factor: float = DEFAULT_MOE_LOAD_FACTOR
+    """MoE only: routed tokens on the busiest expert-parallel rank over the mean (>= 1)."""
+    moe_dispatch: str = "copies"
+    """MoE only: what the all-to-all sends across nodes. "copies": every routed copy of a token on
+    its own (sampan's expert parallelism); "node_dedup": a token crosses the network once per
+    destination node and fans out over NVLink there (DeepSeek-V3's dispatch kernels)."""
+    a2a_overlap: float = 0.0
+    """MoE only: the share of the all-to-all hidden behind compute (sampan: 0, it runs in line;
+    DeepSeek-V3's DualPipe overlaps a forward and a backward micro-batch's: up to 1). What is hidden
+    never exceeds the compute it hides behind."""
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "global_batch"):
@@ -34,6 +58,18 @@ class Workload:
                 raise ValueError(f"{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
         if self.amp not in (None, "bf16"):
             raise ValueError(f"amp must be 'bf16' or None, got {self.amp!r}")
+        if self.fp8 and self.amp is None:
+            raise ValueError("fp8 GEMMs need bf16 training around them: drop --fp32 or --fp8")
+        if self.moe_dispatch not in MOE_DISPATCH:
+            raise ValueError(f"moe dispatch must be one of {list(MOE_DISPATCH)}, got {self.moe_dispatch!r}")
+        if isinstance(self.a2a_overlap, bool) or not isinstance(self.a2a_overlap, (int, float)) or not (
+                0 <= self.a2a_overlap <= 1):
+            raise ValueError(f"a2a overlap (share of the all-to-all hidden behind compute) must be in [0, 1], got "
+                             f"{self.a2a_overlap!r}")
+        factor = self.moe_load_factor
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor < 1:
+            raise ValueError(f"moe load factor (busiest rank's routed tokens over the mean) must be a number >= 1, "
+                             f"got {factor!r}")
 
     @property
     def tokens(self) -> int:
@@ -46,7 +82,11 @@ class Layout:
     data-parallel rank and step.
 
     ``cp``: context-parallel ranks, each holding ``1 / cp`` of every sequence (they also share the
-    sharded model state). ``amp_level``: "O1" (autocast over fp32 parameters) or "O2" (bf16
+    sharded model state). ``ep``: expert-parallel ranks, carved out of the data ranks (dp x
+    sharding, innermost first, as ``hybrid_configs["ep_degree"]``): each group of ``ep`` data ranks
+    holds every routed expert once (``E / ep`` each); expert state is data-parallel over the other
+    ``dp x sharding / ep`` ranks and ZeRO-sharded over the part of them that is sharding.
+    ``amp_level``: "O1" (autocast over fp32 parameters) or "O2" (bf16
     parameters through FSDP2 mixed precision); ``master_weights`` / ``master_grads``: O2's fp32
     master weights and optimizer state / fp32 gradient reduction (``DistributedStrategy.amp_configs``).
     """
@@ -67,14 +107,18 @@ class Layout:
     master_weights: bool = True
     master_grads: bool = True
     offload: bool = False
+    ep: int = 1
 
     def __post_init__(self) -> None:
         if self.amp_level not in AMP_LEVELS:
             raise ValueError(f"amp level must be one of {list(AMP_LEVELS)}, got {self.amp_level!r}")
-        for name in ("dp", "mp", "pp", "sharding", "micro_batch", "num_micro", "vpp", "cp"):
+        for name in ("dp", "mp", "pp", "sharding", "micro_batch", "num_micro", "vpp", "cp", "ep"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"layout {name} must be an integer >= 1, got {value!r}")
+        if self.data_ranks % self.ep:
+            raise ValueError(f"layout ep {self.ep} must divide the data ranks dp x sharding = {self.data_ranks}: "
+                             "expert-parallel ranks are carved out of them")
         if self.stage not in (1, 2, 3):
             raise ValueError(f"layout sharding stage must be 1, 2 or 3, got {self.stage!r}")
         if self.recompute not in RECOMPUTE_MODES:
@@ -103,13 +147,25 @@ class Layout:
         return self.sharding * self.cp
 
     @property
+    def expert_shard_ranks(self) -> int:
+        """The ranks FSDP2 splits the routed experts' state over: of the ``dp x sharding / ep`` ranks
+        that hold the same experts, those that are sharding ranks (ep takes sharding ranks first), x cp."""
+        return self.sharding // math.gcd(self.sharding, self.ep) * self.cp
+
+    @property
+    def expert_data_ranks(self) -> int:
+        """Ranks that hold the same experts and average their gradients: ``dp x sharding / ep``."""
+        return self.data_ranks // self.ep
+
+    @property
     def fsdp(self) -> bool:
         """Whether FSDP2 wraps the model: more than one rank averages gradients, or O2's precision."""
         return self.dp * self.shard_ranks > 1 or self.amp_level == "O2"
 
     def label(self) -> str:
         parts = [f"dp{self.dp}", f"sh{self.sharding}" + (f"/z{self.stage}" if self.sharding > 1 else ""),
-                 f"pp{self.pp}", *([f"cp{self.cp}"] if self.cp > 1 else []), f"mp{self.mp}" + ("+sp" if self.sp else "")]
+                 f"pp{self.pp}", *([f"cp{self.cp}"] if self.cp > 1 else []), f"mp{self.mp}" + ("+sp" if self.sp else ""),
+                 *([f"ep{self.ep}"] if self.ep > 1 else [])]
         if self.amp_level == "O2":
             parts.append("O2" + ("" if self.master_weights else " no-master-weights")
                          + ("" if self.master_grads else " bf16-grads"))
@@ -147,6 +203,7 @@ class Layout:
             schedule = "1F1B"
         recompute = str(recompute or strategy.get("recompute") or "none")
         offload = bool((strategy.get("recompute_configs") or {}).get("enable_offload", False))
+        ep = int(degrees.get("ep", (strategy.get("hybrid_configs") or {}).get("ep_degree", 1)))
         return cls(dp=int(degrees.get("dp", 1)), mp=int(degrees.get("mp", 1)), pp=pp,
                    sharding=int(degrees.get("sharding", 1)), stage=int(sharding.get("stage", 1)),
                    micro_batch=micro_batch, num_micro=num_micro, recompute=recompute, schedule=schedule, vpp=vpp,
@@ -154,7 +211,7 @@ class Layout:
                    amp_level=str(precision.get("level", "O1")) if amp else "O1",
                    master_weights=bool(precision.get("use_master_weight", True)),
                    master_grads=bool(precision.get("use_master_grad", True)),
-                   offload=offload and recompute != "none")
+                   offload=offload and recompute != "none", ep=ep)
 
     def to_strategy(self, amp: str | None = "bf16") -> DistributedStrategy:
         """The ``DistributedStrategy`` that runs this layout in sampan."""
@@ -162,9 +219,12 @@ class Layout:
 
         if self.amp_level == "O2" and amp != "bf16":
             raise ValueError("amp level O2 needs bf16 (drop --fp32, or amp=O1)")
+        hybrid = {"dp_degree": self.dp, "mp_degree": self.mp, "pp_degree": self.pp,
+                  "sharding_degree": self.sharding, "cp_degree": self.cp}
+        if self.ep > 1:  # only then: a dense layout's strategy stays what it was
+            hybrid["ep_degree"] = self.ep
         return DistributedStrategy(
-            hybrid_configs={"dp_degree": self.dp, "mp_degree": self.mp, "pp_degree": self.pp,
-                            "sharding_degree": self.sharding, "cp_degree": self.cp},
+            hybrid_configs=hybrid,
             sharding_configs={"stage": self.stage},
             pipeline_configs={"accumulate_steps": self.num_micro, "micro_batch_size": self.micro_batch,
                               "schedule_mode": self.schedule, "virtual_pp_degree": self.vpp},
@@ -176,7 +236,8 @@ class Layout:
 
 
 # How ``--fix`` looks in ``--help`` (``sampan plan`` and ``sampan simulate`` both take it).
-FIX_METAVAR = "dp=..,mp=..,pp=..,cp=..,sharding=..,micro_batch=..,recompute=..,schedule=..,vpp=..,amp=O2,offload=true"
+FIX_METAVAR = ("dp=..,mp=..,pp=..,cp=..,sharding=..,ep=..,micro_batch=..,recompute=..,schedule=..,vpp=..,amp=O2,"
+               "offload=true")
 
 
 def parse_fix(text: str, gpus: int, workload: Workload) -> Layout:
@@ -186,9 +247,9 @@ def parse_fix(text: str, gpus: int, workload: Workload) -> Layout:
     batch; ``stage`` defaults to 1, ``schedule`` to 1F1B (interleaved when vpp >= 2). Also ``cp``
     (context parallel), ``sp`` (sequence parallel), ``amp=O1|O2`` and, at O2, ``master_weights`` /
     ``master_grads`` (true / false), ``offload`` (true / false: recomputed blocks' inputs in host
-    memory).
+    memory), ``ep`` (expert parallel, carved out of dp x sharding: it must divide them).
     """
-    ints = ("dp", "mp", "pp", "sharding", "stage", "micro_batch", "num_micro", "vpp", "cp")
+    ints = ("dp", "mp", "pp", "sharding", "stage", "micro_batch", "num_micro", "vpp", "cp", "ep")
     bools = ("sp", "master_weights", "master_grads", "offload")
     allowed = (*ints, "recompute", "schedule", "amp", *bools)
     given: dict = {}

@@ -57,13 +57,18 @@ class Memory:
     reserved: float = RESERVED_BYTES
     stage: int = 0
     """Which pipeline stage is the fullest (0 = first)."""
+    expert_state: float = 0.0
+    """Of ``params + grads + optimizer``, the routed experts' (MoE; already in those three)."""
 
     @property
     def total(self) -> float:
         return self.params + self.grads + self.optimizer + self.activations + self.buffers + self.reserved
 
     def to_dict(self) -> dict:
-        return {**dataclasses.asdict(self), "total": self.total}
+        out = dataclasses.asdict(self)
+        if not self.expert_state:  # a dense model's figures stay what they were
+            out.pop("expert_state")
+        return {**out, "total": self.total}
 
 
 def stage_layers(model: ModelShape, layout: Layout, stage: int) -> int:
@@ -75,17 +80,49 @@ def stage_layers(model: ModelShape, layout: Layout, stage: int) -> int:
     return v * base + longer
 
 
+def chunk_layer_ids(model: ModelShape, layout: Layout, chunk: int) -> range:
+    """The layer indices of pipeline chunk ``chunk`` (of ``pp x vpp``), as fleet cuts them: equal
+    chunks in order, earlier ones one longer when uneven."""
+    base, extra = divmod(model.layers, layout.pp * layout.vpp)
+    start = chunk * base + min(chunk, extra)
+    return range(start, start + base + (chunk < extra))
+
+
+def stage_layer_ids(model: ModelShape, layout: Layout, stage: int) -> list[int]:
+    """The layer indices pipeline rank ``stage`` holds (its chunks ``stage, stage + pp, ...``)."""
+    return [i for c in range(stage, layout.pp * layout.vpp, layout.pp) for i in chunk_layer_ids(model, layout, c)]
+
+
+def _moe_count(model: ModelShape, ids) -> int:
+    """How many of the layers ``ids`` are MoE blocks."""
+    moe = model.moe_layer_ids
+    return sum(1 for i in ids if i in moe) if moe else 0
+
+
+def _blocks_params(model: ModelShape, layout: Layout, ids) -> float:
+    """The non-expert parameters of the blocks ``ids`` on one tensor-parallel rank."""
+    n_moe = _moe_count(model, ids)
+    n_dense = len(ids) - n_moe
+    total = n_dense * model.layer_params_per_mp(layout.mp)
+    return total + n_moe * model.moe_layer_params_per_mp(layout.mp) if n_moe else total
+
+
 def stage_params(model: ModelShape, layout: Layout, stage: int) -> float:
-    """Parameters on one tensor-parallel rank of pipeline ``stage``, before ZeRO sharding.
+    """Parameters on one tensor-parallel rank of pipeline ``stage``, before ZeRO sharding, routed
+    experts left out (:func:`stage_expert_params`: expert parallelism places them).
 
     Exact for sampan's plans (GPT / ERNIE ``block_plans``, Llama ``parallelize``): q / k / v and
     fc1 (gate / up) column-parallel, weights and biases split; out-proj / fc2 (down) row-parallel,
     weights split, biases replicated; norms (and Qwen3's q / k norms) and position embeddings
     replicated; the vocabulary split. With pp > 1 a tied head keeps its own copy on the last stage.
+    MoE blocks: attention as above, router and shared experts whole (tensor parallel leaves them).
     """
     mp, pp = layout.mp, layout.pp
     vocab = model.padded_vocab(mp)
-    total = stage_layers(model, layout, stage) * model.layer_params_per_mp(mp)
+    if model.moe is None:
+        total = stage_layers(model, layout, stage) * model.layer_params_per_mp(mp)
+    else:
+        total = _blocks_params(model, layout, stage_layer_ids(model, layout, stage))
     if stage == 0:
         total += vocab * model.hidden / mp + model.learned_positions * model.hidden
     if stage == pp - 1:
@@ -93,6 +130,24 @@ def stage_params(model: ModelShape, layout: Layout, stage: int) -> float:
         if not model.tied or pp > 1:
             total += vocab * model.hidden / mp
     return total
+
+
+def stage_expert_params(model: ModelShape, layout: Layout, stage: int) -> float:
+    """Routed-expert parameters on one rank of pipeline ``stage``: ``E / ep`` experts of each of its
+    MoE blocks (whole on every tensor-parallel rank); 0 for a dense model."""
+    if model.moe is None:
+        return 0.0
+    return _moe_count(model, stage_layer_ids(model, layout, stage)) * model.local_expert_params(layout.ep)
+
+
+def _unit_params(model: ModelShape, layout: Layout) -> float:
+    """One FSDP unit (a block) on one rank, unsharded: the largest of a dense block and an MoE block
+    with its local experts."""
+    unit = model.layer_params_per_mp(layout.mp)
+    if model.moe is None:
+        return unit
+    moe = model.moe_layer_params_per_mp(layout.mp) + model.local_expert_params(layout.ep)
+    return max(unit, moe) if model.num_moe_layers < model.layers else moe
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,6 +217,13 @@ def layer_activation_bytes(model: ModelShape, layout: Layout, work: Workload, re
         return b.residual * th / ln
     e = b.matmul
     lse = 4 * a * tokens / t
+    if model.mla:
+        attention = _mla_attention_bytes(model, layout, work, recompute)
+        if recompute == "selective":
+            return b.residual * th / ln + attention + model.mlp_in_matrices * e * tokens * f / t + 2 * e * th
+        own = 2 * _norm_bytes(model, b) * th / ln
+        consumers = (_consumer_bytes(b, 2) + _consumer_bytes(b, model.mlp_in_matrices)) * th
+        return own + consumers + attention + 2 * model.mlp_in_matrices * e * tokens * f / t
     qkv_o = e * (2 * tokens * model.q_width + 2 * kv_tokens * model.kv_width) / t
     mlp = 2 * model.mlp_in_matrices * e * tokens * f / t
     if recompute == "selective":       # block input + every matmul / attention output (torchtitan-style)
@@ -170,6 +232,87 @@ def layer_activation_bytes(model: ModelShape, layout: Layout, work: Workload, re
     consumers = (_consumer_bytes(b, 3) + _consumer_bytes(b, model.mlp_in_matrices)) * th
     qk_norm = (4 + e) * tokens * (model.q_width + model.kv_width) / t if model.qk_norm else 0
     return own + consumers + qkv_o + lse + mlp + qk_norm
+
+
+def _mla_attention_bytes(model: ModelShape, layout: Layout, work: Workload, recompute: str) -> float:
+    """What multi-head latent attention keeps for backward, per micro-batch on one rank, besides the
+    block's input norm (recompute "none" or "selective").
+
+    None: the down-projections' outputs (``r_q``, and ``r_kv + d_rope`` wide; whole on every
+    tensor-parallel rank, as they are replicated), each latent norm's own tensors and its output as
+    the up-projection reads it, the up-projections' outputs (q ``H d_qk``; the decompressed keys'
+    and values' ``H (d_nope + d_v)``), the keys with their rotary part joined (``H d_qk``), the
+    attention output ``H d_v`` and the fp32 log-sum-exp. Selective keeps the matmul and attention
+    outputs only. Keys and values cover the whole sequence under context parallel (gathered)."""
+    b = _Bytes.of(layout, work)
+    e, t = b.matmul, layout.mp
+    tokens = tokens_per_rank(layout, work)
+    kv_tokens = work.seq_len * layout.micro_batch
+    a = model.heads
+    latents = model.q_lora_rank + model.kv_lora_rank
+    down = e * tokens * (latents + model.qk_rope_head_dim)
+    q = tokens * model.q_width
+    kv_b = kv_tokens * a * (model.qk_nope_head_dim + model.v_head_dim)
+    out = tokens * model.v_width
+    lse = 4 * a * tokens / t
+    if recompute == "selective":  # the matmul outputs (q_a, kv_a, q_b, kv_b, attention; o is the caller's)
+        return down + e * (q + kv_b + out) / t + lse
+    keys = kv_tokens * model.q_width
+    norms = (_norm_bytes(model, b) + _consumer_bytes(b, 1)) * tokens * latents
+    return down + norms + e * (q + kv_b + keys + out) / t + lse
+
+
+def moe_layer_activation_bytes(model: ModelShape, layout: Layout, work: Workload, recompute: str) -> float:
+    """Bytes one MoE block keeps for backward, per micro-batch, on the busiest expert-parallel rank.
+
+    Attention and the input norm as a dense block's (:func:`layer_activation_bytes`). The MoE
+    part is whole on every tensor-parallel rank (tensor parallel leaves MoE blocks replicated) and
+    sees all ``T`` tokens; ``k`` routed copies of each go through the experts, and the busiest rank
+    receives ``k T x Workload.moe_load_factor`` of them. Recompute none keeps:
+
+    * the router: its fp32 input copy (the router's math is fp32), logits and scores ``[T, E]`` fp32;
+    * the dispatch buffer: the token copies the all-to-all delivered (or, without expert
+      parallelism, the sorted copies), ``[k T lf, h]``, saved by the experts' gate/up matmul;
+    * the experts' SwiGLU: gate/up output, SiLU(gate), their product: ``4 f_e`` per copy;
+    * the combine buffer: the expert outputs back on the token's rank ``[k T, h]``, saved by the
+      multiplication by the routing weights;
+    * the shared experts' SwiGLU (``4 f_s`` per token) and its input as the norm output.
+
+    Selective keeps the block input, the attention and matmul outputs, the router's logits and the
+    all-to-all's output (communication is not recomputed, as torchtitan's policy); full the input.
+    """
+    moe, h = model.moe, model.hidden
+    b = _Bytes.of(layout, work)
+    e, t = b.matmul, layout.mp
+    tokens = tokens_per_rank(layout, work)
+    th = tokens * h
+    ln = t if layout.sp else 1
+    if recompute == "full":
+        return b.residual * th / ln
+    k, lf = moe.top_k, work.moe_load_factor
+    routed = tokens * k * lf               # token copies the busiest rank's experts run
+    fe, fs = moe.expert_intermediate_size, moe.shared_intermediate_size
+    router = 4 * tokens * moe.num_experts
+    if model.mla:
+        attention = _mla_attention_bytes(model, layout, work, recompute)
+        readers = 2
+    else:
+        lse = 4 * model.heads * tokens / t
+        kv_tokens = work.seq_len * layout.micro_batch
+        attention = e * (2 * tokens * model.q_width + 2 * kv_tokens * model.kv_width) / t + lse
+        if recompute == "none" and model.qk_norm:
+            attention += (4 + e) * tokens * (model.q_width + model.kv_width) / t
+        readers = 3
+    if recompute == "selective":
+        shared = (2 * e * tokens * fs + e * th) if fs else 0.0
+        return (b.residual * th / ln + attention + e * th + router + e * routed * h + 2 * e * routed * fe
+                + e * tokens * k * h + shared)
+    own = 2 * _norm_bytes(model, b) * th / ln
+    consumers = _consumer_bytes(b, readers) * th + (_consumer_bytes(b, 2) * th if fs else 0.0)
+    router_input = 4 * th if work.amp else 0.0   # the fp32 copy the router multiplies (the norm output is fp32 without AMP)
+    experts = e * routed * h + 4 * e * routed * fe + e * tokens * k * h
+    shared = 4 * e * tokens * fs
+    return own + consumers + attention + router_input + 2 * router + experts + shared
 
 
 def block_input_alias_bytes(model: ModelShape, layout: Layout, work: Workload, recompute: str) -> float:
@@ -298,11 +441,15 @@ def memory(model: ModelShape, layout: Layout, work: Workload) -> Memory:
 
 
 def chunk_params(model: ModelShape, layout: Layout, chunk: int) -> float:
-    """Parameters of pipeline chunk ``chunk`` (of ``pp x vpp``) on one tensor-parallel rank."""
+    """Parameters of pipeline chunk ``chunk`` (of ``pp x vpp``) on one tensor-parallel rank, routed
+    experts left out (:func:`chunk_expert_params`)."""
     chunks = layout.pp * layout.vpp
     base, extra = divmod(model.layers, chunks)
     vocab = model.padded_vocab(layout.mp)
-    total = (base + (chunk < extra)) * model.layer_params_per_mp(layout.mp)
+    if model.moe is None:
+        total = (base + (chunk < extra)) * model.layer_params_per_mp(layout.mp)
+    else:
+        total = _blocks_params(model, layout, chunk_layer_ids(model, layout, chunk))
     if chunk == 0:
         total += vocab * model.hidden / layout.mp + model.learned_positions * model.hidden
     if chunk == chunks - 1:
@@ -312,8 +459,15 @@ def chunk_params(model: ModelShape, layout: Layout, chunk: int) -> float:
     return total
 
 
+def chunk_expert_params(model: ModelShape, layout: Layout, chunk: int) -> float:
+    """Routed-expert parameters of pipeline chunk ``chunk`` on one expert-parallel rank."""
+    if model.moe is None:
+        return 0.0
+    return _moe_count(model, chunk_layer_ids(model, layout, chunk)) * model.local_expert_params(layout.ep)
+
+
 def _in_flight_bytes(model: ModelShape, layout: Layout, work: Workload, stage: int, grad_bytes: float,
-                     reduced_bytes: float, backward_bytes: float) -> float:
+                     reduced_bytes: float, backward_bytes: float, reduced_expert_bytes: float = 0.0) -> float:
     """The activations and accumulated gradients rank ``stage`` holds at its fullest moment of the step.
 
     Activations: per micro-batch in flight on a chunk, every block's kept bytes, less the first
@@ -322,7 +476,8 @@ def _in_flight_bytes(model: ModelShape, layout: Layout, work: Workload, stage: i
     forward through it peaks at its loss (:func:`loss_transient_bytes`). Gradients: ``grad_bytes``
     per parameter of each chunk between its first and last backward (unsharded gradients
     accumulating over the step's micro-batches; 0 when they are reduced at once), ``reduced_bytes``
-    per parameter of each chunk already reduced (its sharded gradients)."""
+    per parameter of each chunk already reduced (its sharded gradients; ``reduced_expert_bytes`` per
+    routed-expert parameter, sharded over fewer ranks)."""
     chunks = layout.pp * layout.vpp
     base, extra = divmod(model.layers, chunks)
     offloaded = offloaded_input_bytes(model, layout, work)
@@ -330,16 +485,26 @@ def _in_flight_bytes(model: ModelShape, layout: Layout, work: Workload, stage: i
     # The first block's input is the receive buffer (counted there), unless only its host copy is kept.
     alias = block_input_alias_bytes(model, layout, work, layout.recompute) if layout.pp > 1 and not offloaded else 0.0
     bnd = boundary_bytes(model, layout, work)
-    weights, params = [], []
+    per_moe = (moe_layer_activation_bytes(model, layout, work, layout.recompute) - offloaded
+               if model.moe is not None else 0.0)
+    weights, accumulating, reduced = [], [], []
     for c in range(stage, chunks, layout.pp):
         layers = base + (c < extra)
         out = head_activation_bytes(model, layout, work) if c == chunks - 1 else bnd
-        weights.append(layers * per_layer - (c != 0) * alias + out)
-        params.append(chunk_params(model, layout, c))
+        q = chunk_params(model, layout, c)
+        if model.moe is None:
+            weights.append(layers * per_layer - (c != 0) * alias + out)
+            accumulating.append(grad_bytes * q)
+            reduced.append(reduced_bytes * q)
+        else:
+            n_moe = _moe_count(model, chunk_layer_ids(model, layout, c))
+            weights.append((layers - n_moe) * per_layer + n_moe * per_moe - (c != 0) * alias + out)
+            experts = chunk_expert_params(model, layout, c)
+            accumulating.append(grad_bytes * (q + experts))
+            reduced.append(reduced_bytes * q + reduced_expert_bytes * experts)
     # A candidate moment is a vector of what it holds, per chunk: micro-batches in flight,
     # accumulating gradients, reduced gradients; then a forward's loss, a backward's working set.
-    coefficients = (*weights, *(grad_bytes * q for q in params), *(reduced_bytes * q for q in params),
-                    loss_transient_bytes(model, layout, work), backward_bytes)
+    coefficients = (*weights, *accumulating, *reduced, loss_transient_bytes(model, layout, work), backward_bytes)
     candidates = peak_candidates(layout.pp, layout.vpp, layout.num_micro, stage, layout.schedule)
     return max(sum(x * c for x, c in zip(vector, coefficients, strict=True)) for vector in candidates)
 
@@ -388,17 +553,28 @@ def loss_transient_bytes(model: ModelShape, layout: Layout, work: Workload) -> f
 
 def stage_memory(model: ModelShape, layout: Layout, work: Workload, stage: int) -> Memory:
     """What one GPU of pipeline stage ``stage`` holds at its step's peak (``memory`` takes the
-    worst stage); ``sampan simulate`` compares it with fleet's own code on fake tensors."""
+    worst stage); ``sampan simulate`` compares it with fleet's own code on fake tensors.
+
+    An MoE model's routed experts (``E / ep`` per MoE block on each expert-parallel rank) keep
+    their state sharded over ``Layout.expert_shard_ranks`` instead of ``sharding x cp``; what they
+    hold of parameters, gradients and optimizer state is ``Memory.expert_state``."""
     n = stage_params(model, layout, stage)
+    ne = stage_expert_params(model, layout, stage)
     shard = layout.shard_ranks
     p_bytes, g_bytes, o_bytes = state_bytes(layout)
     params, grads, optim = p_bytes * n / shard, g_bytes * n / shard, o_bytes * n / shard
+    expert_state = 0.0
+    if ne:
+        eshard = layout.expert_shard_ranks
+        params, grads, optim = params + p_bytes * ne / eshard, grads + g_bytes * ne / eshard, optim + o_bytes * ne / eshard
+        expert_state = (p_bytes + g_bytes + o_bytes) * ne / eshard
+    local = n + ne if ne else n  # every parameter this rank computes with, unsharded
     b = _Bytes.of(layout, work)
     buffers = receive_buffer_bytes(model, layout, work, stage) + context_mask_bytes(layout, work)
     if b.autocast:  # autocast's bf16 copies of the weights, cached for the step and saved by the matmuls
-        buffers += 2 * n
-    unit = model.layer_params_per_mp(layout.mp)  # one FSDP unit (a block), unsharded
-    accumulating = reduced = 0.0  # bytes per parameter of unsharded gradients accumulating, and once reduced
+        buffers += 2 * local
+    unit = _unit_params(model, layout)  # one FSDP unit (a block), unsharded
+    accumulating = reduced = reduced_expert = 0.0  # bytes per parameter of unsharded gradients, and once reduced
     if layout.fsdp:
         gathered = 2 if b.residual == 2 else p_bytes   # O2 gathers bf16 copies; O1 the fp32 parameters
         if layout.stage == 3:  # one block gathered, the next prefetched; one block's gradient before reduce-scatter
@@ -410,17 +586,21 @@ def stage_memory(model: ModelShape, layout: Layout, work: Workload, stage: int) 
             # overstated GPT-3 175B at t8 x p16 x d8 by 5.8 GB a rank: sampan simulate).
             accumulating = 2 if (b.residual == 2 and not layout.master_grads) else 4
             reduced = g_bytes / shard
-            buffers += gathered * n
+            reduced_expert = g_bytes / layout.expert_shard_ranks
+            buffers += gathered * local
         else:  # parameters stay gathered from forward to backward; one block's gradient before reduction
-            buffers += gathered * n + gathered * unit
+            buffers += gathered * local + gathered * unit
     # As a block's backward runs: its weights' fresh gradients (bf16 under AMP, plus the fp32 cast
     # for autocast's fp32 parameters) and, with recompute, its rebuilt activations.
     backward = unit * ((2 + 4 * b.autocast) if work.amp else 4)
     if layout.recompute != "none":
-        backward += (layer_activation_bytes(model, layout, work, "none")
-                     - layer_activation_bytes(model, layout, work, layout.recompute)
-                     + offloaded_input_bytes(model, layout, work))
-    acts = _in_flight_bytes(model, layout, work, stage, accumulating, reduced, backward)
+        rebuilt = (layer_activation_bytes(model, layout, work, "none")
+                   - layer_activation_bytes(model, layout, work, layout.recompute))
+        if model.moe is not None:
+            rebuilt = max(rebuilt, moe_layer_activation_bytes(model, layout, work, "none")
+                          - moe_layer_activation_bytes(model, layout, work, layout.recompute))
+        backward += rebuilt + offloaded_input_bytes(model, layout, work)
+    acts = _in_flight_bytes(model, layout, work, stage, accumulating, reduced, backward, reduced_expert)
     if accumulating:  # the moments priced hold their gradients (accumulating or reduced) themselves
         acts -= grads
-    return Memory(params, grads, optim, acts, buffers, RESERVED_BYTES, stage)
+    return Memory(params, grads, optim, acts, buffers, RESERVED_BYTES, stage, expert_state)

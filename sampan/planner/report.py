@@ -31,7 +31,9 @@ def plan_row(plan: Plan) -> dict[str, Any]:
             "micro_batch": lay.micro_batch, "micro_batches": lay.num_micro, "recompute": lay.recompute,
             "offload": lay.offload,
             "memory_gb": plan.memory.total / 1e9, "step_s": plan.time.total, "tokens_per_s": plan.tokens_per_s,
-            "mfu": plan.mfu, "bottleneck": plan.time.bottleneck, "fits": plan.fits}
+            "mfu": plan.mfu, "bottleneck": plan.time.bottleneck, "fits": plan.fits,
+            **({"ep": lay.ep, "expert_state_gb": plan.memory.expert_state / 1e9,
+                "all_to_all_s": plan.time.expert_parallel} if plan.memory.expert_state else {})}
 
 
 def to_json(model: ModelShape, hw: Hardware, work: Workload, gpus: int, plans: list[Plan],
@@ -59,20 +61,25 @@ def print_table(model: ModelShape, hw: Hardware, work: Workload, gpus: int, plan
              f"({hw.memory_gb:g} GB, {hw.tflops:g} TFLOP/s) · seq {work.seq_len} · global batch {work.global_batch}"
              f"\n{model.describe()}")
     table = Table(title=title)
-    for col, justify in (("#", "right"), ("dp", "right"), ("shard", "right"), ("pp", "right"), ("cp", "right"),
-                         ("mp", "right"), ("amp", "left"), ("schedule", "left"), ("mb x n", "right"),
-                         ("recompute", "left"), ("mem GB/GPU", "right"), ("step s", "right"), ("tokens/s", "right"),
-                         ("MFU", "right"), ("bottleneck", "left")):
+    moe = model.moe is not None  # MoE: the expert-parallel degree, expert state and all-to-all time too
+    columns = [("#", "right"), ("dp", "right"), ("shard", "right"), ("pp", "right"), ("cp", "right"),
+               ("mp", "right"), *([("ep", "right")] if moe else []), ("amp", "left"), ("schedule", "left"),
+               ("mb x n", "right"), ("recompute", "left"), ("mem GB/GPU", "right"),
+               *([("experts GB", "right"), ("a2a s", "right")] if moe else []), ("step s", "right"),
+               ("tokens/s", "right"), ("MFU", "right"), ("bottleneck", "left")]
+    for col, justify in columns:
         table.add_column(col, justify=justify)
     for i, plan in enumerate(plans, 1):
         lay = plan.layout
         shard = f"{lay.sharding}" + (f" z{lay.stage}" if lay.shard_ranks > 1 else "")
         mem = _gb(plan.memory.total) if plan.fits else f"[red]{_gb(plan.memory.total)} (> {hw.memory_gb:g})[/red]"
         amp = (lay.amp_level if work.amp else "fp32") + ("" if lay.master_weights else " bf16-state")
-        table.add_row(str(i), str(lay.dp), shard, str(lay.pp), str(lay.cp), f"{lay.mp}{'+sp' if lay.sp else ''}",
-                      amp, lay.schedule_label(), f"{lay.micro_batch} x {lay.num_micro}",
-                      lay.recompute + ("+offload" if lay.offload else ""), mem,
-                      f"{plan.time.total:.2f}", f"{plan.tokens_per_s:,.0f}", f"{plan.mfu:.1%}", plan.time.bottleneck)
+        row = [str(i), str(lay.dp), shard, str(lay.pp), str(lay.cp), f"{lay.mp}{'+sp' if lay.sp else ''}",
+               *([str(lay.ep)] if moe else []), amp, lay.schedule_label(), f"{lay.micro_batch} x {lay.num_micro}",
+               lay.recompute + ("+offload" if lay.offload else ""), mem,
+               *([_gb(plan.memory.expert_state), f"{plan.time.expert_parallel:.2f}"] if moe else []),
+               f"{plan.time.total:.2f}", f"{plan.tokens_per_s:,.0f}", f"{plan.mfu:.1%}", plan.time.bottleneck]
+        table.add_row(*row)
     console.print(table)
     if result is not None:
         console.print(f"{result.considered:,} valid layouts, {result.fitting:,} fit in memory, "
@@ -85,7 +92,13 @@ def print_table(model: ModelShape, hw: Hardware, work: Workload, gpus: int, plan
                       f"(pipeline stage {m.stage})")
         console.print(f"#1 step: compute {t.compute:.2f} + tensor-parallel {t.tensor_parallel:.2f} + bubble {t.bubble:.2f}"
                       f" + p2p {t.pipeline_p2p:.2f} + data-parallel {t.data_parallel:.2f} + optimizer {t.optimizer:.2f}"
-                      + (f" + offload copies {t.offload:.2f}" if t.offload else "") + " s")
+                      + (f" + offload copies {t.offload:.2f}" if t.offload else "")
+                      + (f" + EP all-to-all {t.expert_parallel:.2f}" if t.expert_parallel else "") + " s")
+        if m.expert_state:
+            console.print(f"#1 routed experts: {_gb(m.expert_state)} GB of the model state ({best.layout.ep} "
+                          f"expert-parallel ranks, state sharded over {best.layout.expert_shard_ranks}); router "
+                          f"imbalance {work.moe_load_factor:g}, dispatch {work.moe_dispatch}, all-to-all "
+                          f"{work.a2a_overlap:.0%} hidden" + (", FP8 GEMMs" if work.fp8 else ""))
         how = "as given" if hw.matmul_efficiency is not None else f"width curve at h={model.hidden}"
         console.print(f"compute priced at {hw.efficiency(model.hidden):.1%} of peak ({how}; docs/planner.md)")
 

@@ -15,12 +15,14 @@ same compute; ``--fix amp=O1`` prices O1. ZeRO stage 1 runs as stage 2 in sampan
 search tries stages 2 and 3. The vocabulary is padded to a multiple of 128 x mp when mp does not
 divide it (``--write-strategy`` writes the padded size). Full recompute is also tried with
 activation offload (the blocks' inputs in host memory), priced with its copies on the compute
-stream, so it ranks below the same layout without offload whenever both fit.
+stream, so it ranks below the same layout without offload whenever both fit. An MoE model also
+tries every expert-parallel degree ``ep`` that divides both the data ranks and the experts.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import time as _time
 from collections.abc import Iterator
 
@@ -117,7 +119,8 @@ def layouts(model: ModelShape, gpus: int, work: Workload, hw: Hardware) -> Itera
             per_rank = work.global_batch // data
             schedules = [("1F1B", 1)] if pp == 1 else [("1F1B", 1), ("GPipe", 1)] + [
                 ("Interleaved1F1B", v) for v in range(2, MAX_VPP + 1) if pp * v <= model.layers]
-            for sharding in divisors(data):
+            eps = divisors(math.gcd(data, model.moe.num_experts)) if model.moe is not None else [1]
+            for sharding, ep in ((sh, ep) for sh in divisors(data) for ep in eps):
                 dp = data // sharding
                 stages = (1,) if sharding * cp == 1 else (2, 3)
                 for mb in divisors(per_rank):
@@ -134,7 +137,7 @@ def layouts(model: ModelShape, gpus: int, work: Workload, hw: Hardware) -> Itera
                                 for recompute, offload in RECOMPUTE_CHOICES:
                                     for level in levels:
                                         yield Layout(dp, mp, pp, sharding, stage, mb, num_micro, recompute,
-                                                     schedule, vpp, sp, cp, level, offload=offload)
+                                                     schedule, vpp, sp, cp, level, offload=offload, ep=ep)
 
 
 @dataclasses.dataclass
@@ -206,5 +209,11 @@ def check_fixed_layout(model: ModelShape, layout: Layout, work: Workload) -> Non
                         f"{work.seq_len} is not a multiple of {2 * layout.cp}")
     if layout.amp_level == "O2" and not work.amp:
         problems.append("amp=O2 (bf16 parameters) needs bf16: drop --fp32")
+    if layout.ep > 1 and model.moe is None:
+        problems.append(f"ep {layout.ep}: {model.name} has no experts (expert parallelism needs an MoE model)")
+    elif model.moe is not None and model.moe.num_experts % layout.ep:
+        problems.append(f"ep {layout.ep} does not divide the {model.moe.num_experts} experts (each expert-parallel "
+                        f"rank holds E / ep whole experts; ep can be one of "
+                        f"{divisors(math.gcd(model.moe.num_experts, layout.data_ranks))})")
     if problems:
         raise ValueError("--fix layout is not valid: " + "; ".join(problems))
