@@ -26,6 +26,7 @@ from sampan.models import (
 )
 from sampan.models.deepseek_v3 import DeepseekV3ForCausalLM, DeepseekV3Model
 from sampan.models.ernie4_5 import Ernie4_5ForCausalLM, Ernie4_5Model
+from sampan.models.qwen_moe import QwenMoeForCausalLM, QwenMoeModel
 
 # --------------------------------------------------------------------------------------------
 # configs
@@ -162,6 +163,8 @@ CLASSES = {
     ("ernie4_5", "none"): Ernie4_5Model,
     ("deepseek_v3", "causal_lm"): DeepseekV3ForCausalLM,
     ("deepseek_v3", "none"): DeepseekV3Model,
+    ("qwen_moe", "causal_lm"): QwenMoeForCausalLM,
+    ("qwen_moe", "none"): QwenMoeModel,
 }
 
 

@@ -27,6 +27,7 @@ FAMILY_PACKAGES = (
     "sampan.models.llama",
     "sampan.models.ernie4_5",
     "sampan.models.deepseek_v3",
+    "sampan.models.qwen_moe",
 )
 
 FAMILIES: dict[str, ModelSpec] = {}
