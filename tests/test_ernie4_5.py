@@ -320,7 +320,8 @@ from sampan.models import create
 from sampan.nn.moe import update_expert_bias
 
 torch.set_num_threads(1)
-out, hybrid = sys.argv[1], json.loads(sys.argv[2])
+out, settings = sys.argv[1], json.loads(sys.argv[2])
+hybrid = settings.get("hybrid_configs")
 torch.manual_seed(0)
 model = create("ernie4.5-moe-tiny", num_layers=4, moe_layer_interval=2, moe_bias_update_rate=0.01)
 with torch.no_grad():  # skew the correction bias so that its update has a visible job
@@ -333,6 +334,7 @@ if hybrid:
     from sampan.distributed import fleet
     strategy = fleet.DistributedStrategy()
     strategy.hybrid_configs = hybrid
+    strategy.pipeline_configs = settings.get("pipeline_configs", {})
     fleet.init(is_collective=True, strategy=strategy)
     dmodel = fleet.distributed_model(model)
     optimizer = fleet.distributed_optimizer(optimizer)
@@ -355,21 +357,34 @@ if dist.is_initialized():
 '''
 
 
-@pytest.mark.multiprocess
-@pytest.mark.timeout(240)
-def test_moe_model_trains_alike_under_dp2_mp2(tmp_path):
-    """dp2 x mp2 (attention and dense MLPs split by mp, MoE blocks whole on each mp rank) gives one
-    process's losses and correction-bias updates (the loads summed over the data ranks)."""
+def _fleet_run(directory, name: str, settings: dict, nproc: int) -> dict:
     from tests.ranks import run_ranks
 
-    script = tmp_path / "ernie4_5_fleet.py"
+    script = directory / "ernie4_5_fleet.py"
     script.write_text(FLEET_SCRIPT)
-    results = {}
-    for name, hybrid, nproc in (("one", {}, 1), ("dp2_mp2", {"dp_degree": 2, "mp_degree": 2}, 4)):
-        run = run_ranks(script, [tmp_path / f"{name}.json", json.dumps(hybrid)], nproc=nproc, distributed=bool(hybrid))
-        assert run.returncode == 0, run.stdout[-3000:]
-        results[name] = json.loads((tmp_path / f"{name}.json").read_text())
-    one, fleet = results["one"], results["dp2_mp2"]
-    torch.testing.assert_close(torch.tensor(fleet["losses"]), torch.tensor(one["losses"]), atol=2e-5, rtol=0)
-    torch.testing.assert_close(torch.tensor(fleet["bias"]), torch.tensor(one["bias"]), atol=1e-6, rtol=0)
-    assert one["bias"][0] < 0.05  # the overloaded expert's bias went down
+    out = directory / f"{name}.json"
+    run = run_ranks(script, [out, json.dumps(settings)], nproc=nproc, distributed=bool(settings))
+    assert run.returncode == 0, run.stdout[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def fleet_reference(tmp_path_factory):
+    return _fleet_run(tmp_path_factory.mktemp("ernie4_5_one"), "one", {}, 1)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("name, settings, nproc", [
+    ("dp2_mp2_ep2", {"hybrid_configs": {"dp_degree": 2, "mp_degree": 2, "ep_degree": 2}}, 4),
+    ("pp2", {"hybrid_configs": {"pp_degree": 2}, "pipeline_configs": {"accumulate_steps": 2}}, 2),
+])
+def test_moe_model_trains_alike_under_fleet(name, settings, nproc, fleet_reference, tmp_path):
+    """Attention and dense MLPs split by mp, experts by ep (MoE blocks whole on each mp rank),
+    layers by pp: one process's losses and correction-bias updates (the loads summed over the
+    data ranks and the micro-batches)."""
+    fleet = _fleet_run(tmp_path, name, settings, nproc)
+    torch.testing.assert_close(torch.tensor(fleet["losses"]), torch.tensor(fleet_reference["losses"]),
+                               atol=2e-5, rtol=0)
+    torch.testing.assert_close(torch.tensor(fleet["bias"]), torch.tensor(fleet_reference["bias"]), atol=1e-6, rtol=0)
+    assert fleet_reference["bias"][0] < 0.05  # the overloaded expert's bias went down
