@@ -86,11 +86,34 @@ def test_bad_config_names_the_problem(kwargs, message):
         DeepseekV3Config(**kwargs)
 
 
-def test_unsupported_hub_settings_are_refused_by_name():
+# deepseek-ai/DeepSeek-V3's config.json as published (auto_map left out).
+HUB_CONFIG = {
+    "architectures": ["DeepseekV3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "aux_loss_alpha": 0.001, "bos_token_id": 0, "eos_token_id": 1, "ep_size": 1, "first_k_dense_replace": 3,
+    "hidden_act": "silu", "hidden_size": 7168, "initializer_range": 0.02, "intermediate_size": 18432,
+    "kv_lora_rank": 512, "max_position_embeddings": 163840, "model_type": "deepseek_v3", "moe_intermediate_size": 2048,
+    "moe_layer_freq": 1, "n_group": 8, "n_routed_experts": 256, "n_shared_experts": 1, "norm_topk_prob": True,
+    "num_attention_heads": 128, "num_experts_per_tok": 8, "num_hidden_layers": 61, "num_key_value_heads": 128,
+    "num_nextn_predict_layers": 1, "pretraining_tp": 1, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64, "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3",
+                                                    "quant_method": "fp8", "weight_block_size": [128, 128]},
+    "rms_norm_eps": 1e-06, "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+                                            "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+                                            "type": "yarn"},
+    "rope_theta": 10000, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "seq_aux": True,
+    "tie_word_embeddings": False, "topk_group": 4, "topk_method": "noaux_tc", "torch_dtype": "bfloat16",
+    "transformers_version": "4.33.1", "use_cache": True, "v_head_dim": 128, "vocab_size": 129280,
+}
+
+
+def test_the_published_config_reads_as_the_zoo_entry_and_bad_settings_are_refused_by_name():
     from sampan.models.deepseek_v3.hf import config_from_hf
 
-    hub = {**config_to_hf(get_config("deepseek-v3"), "causal_lm"), "num_nextn_predict_layers": 1}
-    assert config_from_hf(hub) == get_config("deepseek-v3")  # the published config, MTP left out by default
+    with pytest.raises(ValueError, match=r"quantization_config \(fp8\).*dequantize them to bf16"):
+        config_from_hf(HUB_CONFIG)
+    hub = {k: v for k, v in HUB_CONFIG.items() if k != "quantization_config"}  # as after DeepSeek's fp8_cast_bf16
+    # The zoo keeps the paper's balance-loss weight (1e-4); the config.json says 1e-3.
+    assert config_from_hf(hub) == get_config("deepseek-v3", aux_loss_coef=0.001)  # MTP left out by default
     assert config_from_hf({**hub, "sampan_load_mtp": True}).num_nextn_predict_layers == 1
     for key, value, message in [("quantization_config", {"quant_method": "fp8"}, "dequantize them to bf16"),
                                 ("moe_layer_freq", 2, "moe_layer_freq=2"), ("scoring_func", "softmax", "sigmoid"),
@@ -336,6 +359,22 @@ def test_training_reduces_loss_and_moves_the_correction_bias():
     assert losses[-1] < losses[0] - 0.3
     bias = model.model.layers[3].mlp.gate.e_score_correction_bias
     assert bias.abs().sum() > 0  # aux-loss-free balancing moved it
+
+
+def test_recompute_keeps_gradients_and_expert_loads():
+    from sampan.nn.recompute import apply_recompute
+
+    ids = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(3))
+    plain, wrapped = _tiny(num_nextn_predict_layers=1).train(), _tiny(num_nextn_predict_layers=1).train()
+    assert apply_recompute(wrapped, "full") == 5  # the 4 layers and the MTP module's layer
+    plain(ids, labels=ids).backward()
+    wrapped(ids, labels=ids).backward()
+    for (name, a), b in zip(plain.named_parameters(), wrapped.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-5, msg=name)
+    loads = [m.mlp.tokens_per_expert for m in (*wrapped.model.layers[2:], *wrapped.mtp)]
+    # Each token goes to top-2 experts once (the replay in backward is not counted): 2 x 32 copies,
+    # 2 x 30 in the MTP module, which sees 16 - 1 positions per row.
+    assert [float(load.sum()) for load in loads] == [64.0, 64.0, 60.0]
 
 
 def test_split_plans_name_real_modules():
