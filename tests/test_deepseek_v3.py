@@ -301,6 +301,10 @@ def test_mtp_weights_under_hub_names_and_logits_unchanged(tmp_path):
         assert torch.equal(again.state_dict()[name], tensor), name
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     assert _diff(_logits(hf, ids), _logits(ours, ids)) < TOL
+    body = from_pretrained(tmp_path, head="none")  # the bare decoder drops the MTP module and the head
+    assert torch.equal(_logits(body, ids), _logits(ours.model, ids))
+    body.save_pretrained(tmp_path / "body", format="hf")
+    assert json.loads((tmp_path / "body" / "config.json").read_text())["num_nextn_predict_layers"] == 0
 
 
 def test_mtp_loss_is_added_and_respects_packing():

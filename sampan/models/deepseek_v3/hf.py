@@ -184,7 +184,8 @@ def config_to_hf(config: DeepseekV3Config, head: str) -> dict[str, Any]:
         "num_key_value_heads": config.num_heads,
         "rope_theta": config.rope_theta,
         "rope_scaling": dict(config.rope_scaling) if config.rope_scaling else None,
-        "num_nextn_predict_layers": config.num_nextn_predict_layers,
+        # The bare decoder holds no MTP modules, so its directory has none to announce.
+        "num_nextn_predict_layers": config.num_nextn_predict_layers if head == "causal_lm" else 0,
         "moe_layer_freq": 1,
         "scoring_func": "sigmoid",
         "topk_method": "noaux_tc",
