@@ -124,11 +124,33 @@ def test_fused_expert_checkpoint_and_the_bare_body(tmp_path):
         assert _diff(body(ids), hf.model(ids).last_hidden_state) < TOL
 
 
+def test_a_missing_or_extra_expert_is_named(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    arch, make_config = CASES["qwen3_moe"]
+    _hf_model(arch, make_config()).save_pretrained(tmp_path / "hf")
+    state = load_file(tmp_path / "hf" / "model.safetensors")
+    for name, change, message in [
+        ("missing", lambda s: s.pop("model.layers.1.mlp.experts.3.up_proj.weight"),
+         r"missing \['model.layers.1.mlp.experts.gate_up_proj \(only 7680/8192 elements\)'\]"),
+        ("extra", lambda s: s.update({"model.layers.1.mlp.experts.8.down_proj.weight": torch.zeros(32, 16)}),
+         r"unexpected \['model.layers.1.mlp.experts.8.down_proj.weight \(HF name\)'\]"),
+    ]:
+        broken = dict(state)
+        change(broken)
+        (tmp_path / name).mkdir()
+        save_file(broken, str(tmp_path / name / "model.safetensors"), metadata={"format": "pt"})
+        (tmp_path / name / "config.json").write_text((tmp_path / "hf" / "config.json").read_text())
+        with pytest.raises(ValueError, match=message):
+            from_pretrained(tmp_path / name)
+
+
 @pytest.mark.parametrize("change, message", [
     ({"use_sliding_window": True}, "use_sliding_window=true is not supported"),
     ({"shared_expert_intermediate_size": 0}, "shared_expert_intermediate_size=0 is not supported"),
     ({"num_experts": 0}, "num_experts=0 makes every layer dense"),
     ({"mlp_only_layers": [0, 1, 2]}, "has no MoE layer"),
+    ({"num_key_value_heads": 3}, r"QwenMoeConfig.num_kv_heads \(3\) must divide num_heads \(4\)"),
 ])
 def test_hf_settings_sampan_cannot_run_are_refused_by_name(change, message):
     hf = {**transformers.Qwen2MoeConfig(**HF_SHAPE).to_dict(), **change}

@@ -65,7 +65,10 @@ def config_from_hf(hf: Mapping[str, Any]) -> QwenMoeConfig:
     variant = hf.get("model_type")
     if variant not in VARIANTS:
         raise ValueError(f"model_type {variant!r} is not a Qwen-MoE model ({list(VARIANTS)})")
-    llama = llama_hf.config_from_hf({**hf, "model_type": LLAMA_VARIANT[variant]})
+    try:
+        llama = llama_hf.config_from_hf({**hf, "model_type": LLAMA_VARIANT[variant]})
+    except ValueError as err:  # the attention settings' checks, named for this family's config
+        raise ValueError(str(err).replace("LlamaConfig.", "QwenMoeConfig.")) from None
     fields: dict[str, Any] = {name: getattr(llama, name) for name in ATTENTION_FIELDS}
     fields["variant"] = variant
     fields.update({ours: _get(hf, theirs, variant) for theirs, ours in MOE_FIELDS.items()})

@@ -71,9 +71,9 @@ class QwenMoeModel(Layer, PretrainedModel):
         ``LlamaModel.forward``'s (padding mask with left padding, KV cache, packed
         ``segment_ids`` with per-sequence ``position_ids``).
 
-        A padded position still goes through the router (its hidden state is computed and
-        discarded, as in transformers); it takes part in the balancing statistics while training
-        only if the batch holds padding, which packed training avoids.
+        Padded positions go through the router too (their outputs are discarded, as in
+        transformers); in training they count in the expert loads and the balancing loss, so
+        pack sequences (``segment_ids``) rather than pad them.
         """
         seq_len = input_ids.shape[1]
         past = kv_cache.seq_len() if kv_cache is not None else 0
