@@ -132,6 +132,11 @@ def test_moe_fused_names_correction_bias_and_mtp_tensors(tmp_path):
         for _, block in moe_blocks(ours):
             block.gate.e_score_correction_bias.zero_()
     assert _diff(_logits(ours, ids), expected) > 1e-3  # other experts chosen without it
+    # The same checkpoint as the bare decoder: transformers' base model's hidden states.
+    body = from_pretrained(tmp_path, head="none")
+    assert type(body).__name__ == "Ernie4_5Model"
+    with torch.no_grad():
+        assert _diff(body(ids), hf.model(ids).last_hidden_state) < TOL
 
 
 def test_hf_config_refusals_and_defaults():
@@ -276,6 +281,21 @@ def test_training_reduces_loss_and_moves_the_correction_bias():
     assert router.weight.grad is not None and router.weight.grad.abs().sum() > 0
     assert router.e_score_correction_bias.abs().sum() > 0  # the aux-loss-free update ran
     assert "e_score_correction_bias" not in dict(model.named_parameters())
+
+
+def test_recompute_keeps_gradients_and_expert_loads():
+    from sampan.nn.recompute import apply_recompute
+
+    ids = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(3))
+    overrides = {"moe_aux_loss": "micro_batch", "router_aux_loss_coef": 0.1}
+    plain, wrapped = _model(**overrides).train(), _model(**overrides).train()
+    assert apply_recompute(wrapped, "full") == wrapped.config.num_layers
+    plain(ids, labels=ids).backward()
+    wrapped(ids, labels=ids).backward()
+    for (name, a), b in zip(plain.named_parameters(), wrapped.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-5, msg=name)
+    for (_, a), (_, b) in zip(moe_blocks(plain), moe_blocks(wrapped), strict=True):
+        assert torch.equal(a.tokens_per_expert, b.tokens_per_expert)  # a replayed forward counts once
 
 
 def test_sampan_models_open_in_transformers(tmp_path):
