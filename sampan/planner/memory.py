@@ -268,22 +268,27 @@ def moe_layer_activation_bytes(model: ModelShape, layout: Layout, work: Workload
     Attention and the input norm as a dense block's (:func:`layer_activation_bytes`). The MoE
     part is whole on every tensor-parallel rank (tensor parallel leaves MoE blocks replicated) and
     sees all ``T`` tokens; ``k`` routed copies of each go through the experts, and the busiest rank
-    receives ``k T x Workload.moe_load_factor`` of them. Recompute none keeps:
+    receives ``k T x Workload.moe_load_factor`` of them. As ``sampan.nn.MoE`` keeps them (measured
+    with saved-tensor hooks on the tiny MoE families, tests/test_planner_moe.py), recompute none:
 
-    * the router: its fp32 input copy (the router's math is fp32), logits and scores ``[T, E]`` fp32;
-    * the dispatch buffer: the token copies the all-to-all delivered (or, without expert
-      parallelism, the sorted copies), ``[k T lf, h]``, saved by the experts' gate/up matmul;
+    * the router: its fp32 input copy (the router's math is fp32; without AMP the norm output
+      itself) and its fp32 scores ``[T, E]``;
+    * the dispatched token copies ``[k T lf, h]`` (after the all-to-all, or sorted without expert
+      parallelism), saved by the experts' gate/up GEMM, and the two int64 orderings of the copies;
     * the experts' SwiGLU: gate/up output, SiLU(gate), their product: ``4 f_e`` per copy;
-    * the combine buffer: the expert outputs back on the token's rank ``[k T, h]``, saved by the
-      multiplication by the routing weights;
-    * the shared experts' SwiGLU (``4 f_s`` per token) and its input as the norm output.
+    * the combine: the expert outputs back on the token's rank and their weighted copy (the
+      multiplication and the index_add each keep one), ``2 x [k T, h]``;
+    * the shared experts' SwiGLU (``4 f_s`` per token) and the norm output as they read it.
 
-    Selective keeps the block input, the attention and matmul outputs, the router's logits and the
+    The experts run in the residual stream's dtype: grouped GEMMs are not autocast, so under O1
+    (fp32 parameters) they compute in fp32; bf16 at O2.
+
+    Selective keeps the block input, the attention and matmul outputs, the router's scores and the
     all-to-all's output (communication is not recomputed, as torchtitan's policy); full the input.
     """
     moe, h = model.moe, model.hidden
     b = _Bytes.of(layout, work)
-    e, t = b.matmul, layout.mp
+    e, t, x = b.matmul, layout.mp, b.residual
     tokens = tokens_per_rank(layout, work)
     th = tokens * h
     ln = t if layout.sp else 1
@@ -305,14 +310,19 @@ def moe_layer_activation_bytes(model: ModelShape, layout: Layout, work: Workload
         readers = 3
     if recompute == "selective":
         shared = (2 * e * tokens * fs + e * th) if fs else 0.0
-        return (b.residual * th / ln + attention + e * th + router + e * routed * h + 2 * e * routed * fe
-                + e * tokens * k * h + shared)
+        return (b.residual * th / ln + attention + e * th + router + x * routed * h + 2 * x * routed * fe
+                + x * tokens * k * h + shared)
     own = 2 * _norm_bytes(model, b) * th / ln
-    consumers = _consumer_bytes(b, readers) * th + (_consumer_bytes(b, 2) * th if fs else 0.0)
-    router_input = 4 * th if work.amp else 0.0   # the fp32 copy the router multiplies (the norm output is fp32 without AMP)
-    experts = e * routed * h + 4 * e * routed * fe + e * tokens * k * h
+    gate = model.shared_expert_gate and fs > 0
+    if work.amp:  # the router's fp32 copy, and the shared experts' (and their gate's) reading of the norm output
+        mlp_input = 4 * th + (_consumer_bytes(b, 2 + gate) * th if fs else 0.0)
+    else:         # one fp32 norm output, read by all
+        mlp_input = 4 * th
+    experts = x * routed * (h + 4 * fe) + 2 * x * tokens * k * h + 16 * tokens * k
     shared = 4 * e * tokens * fs
-    return own + consumers + attention + router_input + 2 * router + experts + shared
+    if gate:      # Qwen2-MoE: sigmoid(gate(x)) * shared keeps the shared output and the sigmoid
+        shared += e * th + e * tokens
+    return own + _consumer_bytes(b, readers) * th + attention + mlp_input + router + experts + shared
 
 
 def block_input_alias_bytes(model: ModelShape, layout: Layout, work: Workload, recompute: str) -> float:
