@@ -317,7 +317,7 @@ def test_mtp_loss_is_added_and_respects_packing():
         main = next_token_loss(model.lm_head, hidden, ids, ids)
         mtp = model.mtp_loss(hidden, ids, ids)
         assert torch.allclose(model(ids, labels=ids), main + 0.5 * mtp)
-        assert model.last_mtp_loss == pytest.approx(float(mtp))
+        assert float(model.last_mtp_loss) == pytest.approx(float(mtp))
         # Depth 1 by hand: state i and the embedding of token i + 1 predict token i + 2.
         m = model.mtp[0]
         x = m.eh_proj(torch.cat([m.enorm(model.model.embed_tokens(ids[:, 1:])), m.hnorm(hidden[:, :-1])], -1))

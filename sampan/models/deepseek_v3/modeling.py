@@ -9,10 +9,10 @@ The KV cache holds what MLA compresses a token into, not per-head keys and value
 normalised latent ``[b, 1, s, kv_lora_rank]`` as the cache's "key" and the rotated shared key
 ``[b, 1, s, qk_rope_head_dim]`` as its "value" (``sampan.nn.KVCache`` takes any last widths), i.e.
 ``kv_lora_rank + qk_rope_head_dim`` numbers per token per layer (576 for DeepSeek-V3, against
-``128 * (192 + 128)`` = 40,960 for its per-head keys and values). Each step expands the whole cached latent
-through ``kv_b_proj`` into keys and values; the weight-absorbed form (folding ``kv_b_proj`` into
-the query and output projections, so decoding attends in the latent space) is a later
-optimisation.
+``128 * (192 + 128)`` = 40,960 for its per-head keys and values). Each step expands the whole
+cached latent through ``kv_b_proj`` into keys and values; the weight-absorbed form (folding
+``kv_b_proj`` into the query and output projections, so decoding attends in the latent space) is
+a later optimisation.
 """
 
 from __future__ import annotations
@@ -272,7 +272,7 @@ class DeepseekV3ForCausalLM(Layer, PretrainedModel, GenerationMixin):
         self.model = DeepseekV3Model(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.mtp = nn.ModuleList(DeepseekV3MTPModule(config) for _ in range(config.num_nextn_predict_layers))
-        self.last_mtp_loss: float | None = None
+        self.last_mtp_loss: torch.Tensor | None = None  # detached: reading it is the only host sync
         if config.tie_word_embeddings:
             self.tie_weights()
         else:
@@ -297,6 +297,8 @@ class DeepseekV3ForCausalLM(Layer, PretrainedModel, GenerationMixin):
 
         ``labels`` are aligned with ``input_ids`` (usually a copy of them); -100 is ignored;
         ``segment_ids`` packs several sequences into a row, each one's first label -100.
+        ``loss_token_count`` (how data-parallel steps weight each part's loss) counts the main
+        loss's terms; the MTP term is a mean of its own, added with its weight.
         """
         hidden = self.model(input_ids, attention_mask, position_ids, kv_cache, segment_ids)
         if labels is None:
@@ -305,7 +307,7 @@ class DeepseekV3ForCausalLM(Layer, PretrainedModel, GenerationMixin):
         if len(self.mtp) and self.config.mtp_loss_weight:
             mtp = self.mtp_loss(hidden, input_ids, labels, attention_mask, position_ids, segment_ids)
             if mtp is not None:
-                self.last_mtp_loss = float(mtp.detach())
+                self.last_mtp_loss = mtp.detach()
                 loss = loss + self.config.mtp_loss_weight * mtp
         return loss
 
