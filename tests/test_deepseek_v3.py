@@ -137,6 +137,17 @@ def test_yarn_rope_and_softmax_scale_equal_transformers():
         assert torch.equal(rope_inv_freq(64, 10000.0, scaling), inv_freq), name
         assert rope_attention_factor(scaling) == pytest.approx(factor, rel=1e-12), name
         assert softmax_scale(config) == pytest.approx(yarn_apply_mscale(hf.rope_parameters, 192 ** -0.5), rel=1e-12)
+    # The tables themselves, YaRN's temperature folded in (mscale 0.8 against mscale_all_dim 1: != 1).
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RotaryEmbedding
+
+    from sampan.nn.rope import RotaryEmbedding
+
+    positions = torch.arange(0, 64)[None]
+    theirs = DeepseekV3RotaryEmbedding(_hf_config())(torch.zeros(1, dtype=torch.float32), positions)
+    ours = RotaryEmbedding(4, 10000.0, YARN)(positions, torch.float32)
+    assert rope_attention_factor(YARN) != 1.0
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
     assert softmax_scale(get_config("deepseek-v3")) == pytest.approx(192 ** -0.5 * (0.1 * torch.log(
         torch.tensor(40.0)).item() + 1) ** 2, rel=1e-6)
 
@@ -209,6 +220,18 @@ def test_hf_round_trip_logits_and_generation(tmp_path):
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "back").eval()
     assert _diff(_logits(back, ids), expected) < TOL
     assert _diff(_logits(from_pretrained(tmp_path / "back"), ids), expected) < TOL
+
+
+def test_a_missing_expert_is_named(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    hf = _hf_model(_hf_config())
+    hf.save_pretrained(tmp_path)
+    state = load_file(tmp_path / "model.safetensors")
+    del state["model.layers.2.mlp.experts.5.up_proj.weight"]
+    save_file(state, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match=r"model\.layers\.2\.mlp\.experts\.gate_up_proj \(only 7680/8192 elements\)"):
+        from_pretrained(tmp_path)
 
 
 def test_fused_expert_checkpoint_and_plain_q_proj(tmp_path):
