@@ -22,6 +22,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from sampan.finetune.config import WORD_EMBEDDINGS
+from sampan.nn.moe_experts import GroupedExperts
+
+# What a LoRA target names on an MoE block's routed experts (``GroupedExperts``): both stacked
+# weights, or one of them. Linear targets are last name parts ("q_proj"); these are written with
+# "experts." because dense MLPs and shared experts have a ``down_proj`` Linear of their own.
+EXPERT_PARAMS = ("gate_up_proj", "down_proj")
+EXPERT_TARGETS = {"experts": EXPERT_PARAMS, "experts.gate_up_proj": ("gate_up_proj",),
+                  "experts.down_proj": ("down_proj",)}
 
 
 class LoRALinear(nn.Linear):
@@ -112,6 +120,101 @@ class LoRAEmbedding(nn.Embedding):
         return f"{self.num_embeddings}, {self.embedding_dim}, rank={self.rank}, alpha={self.alpha}"
 
 
+class LoRAExperts(GroupedExperts):
+    """Routed experts with a rank-r update per expert on ``gate_up_proj`` and / or ``down_proj``.
+
+    peft 0.21's ``ParamWrapper`` (``LoraConfig(target_parameters=[...])``) on transformers 5's
+    fused experts, in its tensor layout, so an adapter saves as a copy: for a stacked weight
+    ``W [E, out, in]``, ``lora_A.<param> [E * r, in]`` (expert ``e``'s rows ``e*r .. e*r + r``)
+    and ``lora_B.<param> [out, r * E]`` (expert ``e``'s columns ``e, E + e, 2E + e, ...``: peft
+    reshapes it ``[out, r, E]``), and ``W[e] += B_e A_e * alpha / r``. Init as peft's: A
+    Kaiming-uniform (``a = sqrt(5)``), B zeros, so the layer starts as its base.
+
+    The stacked weights keep their names and objects (``experts.gate_up_proj`` is the base's
+    parameter, a base checkpoint loads unchanged); reading the attribute gives ``W + delta``, so
+    ``GroupedExperts.forward`` runs unchanged on either of its backends. No dropout: it cannot be
+    factored out of a weight update (peft refuses it too).
+    """
+
+    def __init__(self, base: GroupedExperts, params: Sequence[str], rank: int, alpha: float):
+        nn.Module.__init__(self)  # not GroupedExperts.__init__: the weights are the base's own
+        if rank <= 0:
+            raise ValueError(f"LoRA rank must be > 0, got {rank}")
+        unknown = sorted(set(params) - set(EXPERT_PARAMS))
+        if unknown or not params:
+            raise ValueError(f"LoRA on experts adapts {list(EXPERT_PARAMS)}, got {list(params)}")
+        self.__dict__["base_layer"] = base  # not a submodule: its parameters are registered here
+        self.activation, self.backend = base.activation, base.backend
+        for name in EXPERT_PARAMS:
+            self._parameters[name] = base._parameters[name]
+        self.lora_A, self.lora_B = nn.ParameterDict(), nn.ParameterDict()
+        for name in EXPERT_PARAMS:  # peft's nesting order (gate_up_proj inside) is this order
+            if name not in params:
+                continue
+            weight = self._parameters[name]
+            e, out_features, in_features = weight.shape
+            factory = {"device": weight.device, "dtype": weight.dtype}
+            self.lora_A[name] = nn.Parameter(torch.empty(e * rank, in_features, **factory))
+            self.lora_B[name] = nn.Parameter(torch.zeros(out_features, rank * e, **factory))
+            nn.init.kaiming_uniform_(self.lora_A[name], a=math.sqrt(5))
+        self.rank, self.alpha = rank, alpha
+        self.scaling = alpha / rank
+
+    # Data descriptors on the class win over nn.Module's lookup of ``_parameters``: the forward
+    # reads the adapted weights; state_dict and optimisers see the frozen ones.
+    @property
+    def gate_up_proj(self) -> torch.Tensor:
+        return self._adapted("gate_up_proj")
+
+    @property
+    def down_proj(self) -> torch.Tensor:
+        return self._adapted("down_proj")
+
+    @property
+    def adapted_params(self) -> tuple[str, ...]:
+        """The stacked weights this layer adapts, in peft's nesting order (innermost first)."""
+        return tuple(name for name in EXPERT_PARAMS if name in self.lora_A)
+
+    def _adapted(self, name: str) -> torch.Tensor:
+        try:
+            weight = self._parameters[name]
+        except KeyError:
+            raise AttributeError(name) from None
+        if name not in self.lora_A:
+            return weight
+        return weight + self.delta_weight(name).to(weight.dtype)
+
+    def delta_weight(self, name: str) -> torch.Tensor:
+        """The update of one stacked weight, ``[E, out, in]``: ``B_e @ A_e * alpha / r`` per expert."""
+        a, b = self.lora_A[name], self.lora_B[name]
+        e = self._parameters[name].shape[0]
+        a3 = a.reshape(e, -1, a.shape[-1])      # [E, r, in]
+        b3 = b.reshape(b.shape[0], -1, e)       # [out, r, E], as peft reads it
+        return torch.einsum("ore,eri->eoi", b3, a3) * self.scaling
+
+    def merged(self) -> GroupedExperts:
+        """The base ``GroupedExperts`` holding ``W + delta`` in new parameters (same outputs)."""
+        base = self.__dict__["base_layer"]
+        with torch.no_grad():
+            for name in self.adapted_params:
+                weight = self._parameters[name]
+                setattr(base, name, nn.Parameter(weight + self.delta_weight(name).to(weight.dtype),
+                                                 requires_grad=weight.requires_grad))
+        base.backend = self.backend
+        return base
+
+    def unadapted(self) -> GroupedExperts:
+        """The base ``GroupedExperts`` as it was (sharing the frozen weights, no update)."""
+        base = self.__dict__["base_layer"]
+        for name in EXPERT_PARAMS:
+            base._parameters[name] = self._parameters[name]
+        base.backend = self.backend
+        return base
+
+    def extra_repr(self) -> str:
+        return f"{list(self.adapted_params)}, rank={self.rank}, alpha={self.alpha}"
+
+
 def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
     parent_name, _, child = name.rpartition(".")
     setattr(model.get_submodule(parent_name) if parent_name else model, child, module)
@@ -121,18 +224,32 @@ def apply_lora(model: nn.Module, targets: Sequence[str], rank: int, alpha: float
                within: str = "ernie.") -> list[str]:
     """Replace every ``nn.Linear`` under ``within`` whose last name part is in ``targets`` by a LoRALinear.
 
+    On MoE models the target "experts" adapts both stacked weights of every block's routed
+    experts (``LoRAExperts``), "experts.gate_up_proj" / "experts.down_proj" one of them (the
+    shared experts and dense MLPs are Linear layers: "gate_proj", "up_proj", "down_proj").
     Returns the replaced module names; no match is an error listing the linear layers there are.
     """
     wanted = set(targets)
+    expert_params = tuple(p for p in EXPERT_PARAMS if any(p in EXPERT_TARGETS[t] for t in wanted & set(EXPERT_TARGETS)))
     names = [name for name, module in model.named_modules()
              if type(module) is nn.Linear and name.startswith(within) and name.rpartition(".")[2] in wanted]
-    if not names:
+    experts = [name for name, module in model.named_modules()
+               if type(module) is GroupedExperts and name.startswith(within)] if expert_params else []
+    if expert_params and not experts:
+        raise ValueError(f"LoRA target(s) {sorted(wanted & set(EXPERT_TARGETS))} name routed experts, but "
+                         f"{type(model).__name__} has no MoE block under {within!r}")
+    if expert_params and dropout > 0:
+        raise ValueError(f"LoRA on experts takes no dropout (got {dropout}): it cannot be factored out of a weight "
+                         "update (peft refuses it too); set lora_dropout=0 or leave 'experts' out of the targets")
+    if not names and not experts:
         linear = sorted({name.rpartition(".")[2] for name, m in model.named_modules()
                          if isinstance(m, nn.Linear) and name.startswith(within)})
         raise ValueError(f"no linear layer named {sorted(wanted)} under {within!r}; its linear layers are {linear}")
     for name in names:
         _set_submodule(model, name, LoRALinear(model.get_submodule(name), rank, alpha, dropout))
-    return names
+    for name in experts:
+        _set_submodule(model, name, LoRAExperts(model.get_submodule(name), expert_params, rank, alpha))
+    return names + experts
 
 
 def apply_embedding_lora(model: nn.Module, rank: int, alpha: float, target: str = WORD_EMBEDDINGS) -> str:
@@ -145,8 +262,10 @@ def apply_embedding_lora(model: nn.Module, rank: int, alpha: float, target: str 
 
 
 def merge_lora(model: nn.Module) -> int:
-    """Fold every LoRALinear / LoRAEmbedding of ``model`` into a plain layer in place; returns how many."""
-    names = [name for name, module in model.named_modules() if isinstance(module, (LoRALinear, LoRAEmbedding))]
+    """Fold every LoRALinear / LoRAEmbedding / LoRAExperts of ``model`` into a plain layer in place;
+    returns how many."""
+    names = [name for name, module in model.named_modules()
+             if isinstance(module, (LoRALinear, LoRAEmbedding, LoRAExperts))]
     for name in names:
         _set_submodule(model, name, model.get_submodule(name).merged())
     return len(names)
