@@ -24,7 +24,8 @@ def test_paddle_style_hybrid_configs():
     cfg = strategy.hybrid_configs
     assert isinstance(cfg, HybridConfig)
     assert cfg["mp_degree"] == 2 and cfg.pp_degree == 2
-    assert dict(cfg) == {"dp_degree": 2, "mp_degree": 2, "pp_degree": 2, "sharding_degree": 1, "cp_degree": 1}
+    assert dict(cfg) == {"dp_degree": 2, "mp_degree": 2, "pp_degree": 2, "sharding_degree": 1, "cp_degree": 1,
+                         "ep_degree": 1}
     assert cfg.to_dict() == dict(cfg)
     assert "dp_degree" in cfg
 
@@ -34,7 +35,7 @@ def test_partial_update_keeps_other_values():
     strategy.hybrid_configs = {"dp_degree": 2, "mp_degree": 4}
     strategy.hybrid_configs = {"pp_degree": 3}
     assert dict(strategy.hybrid_configs) == {"dp_degree": 2, "mp_degree": 4, "pp_degree": 3, "sharding_degree": 1,
-                                             "cp_degree": 1}
+                                             "cp_degree": 1, "ep_degree": 1}
     strategy.pipeline_configs = {"accumulate_steps": 8}
     strategy.pipeline_configs = {"micro_batch_size": 2}
     assert strategy.pipeline_configs.accumulate_steps == 8
@@ -204,6 +205,27 @@ def test_validate_for_model_errors():
     assert "set accumulate_steps >= 4" in str(info.value)
 
 
+def test_ep_degree_is_carved_out_of_the_data_ranks():
+    strategy = DistributedStrategy(hybrid_configs={"dp_degree": 2, "sharding_degree": 2, "mp_degree": 2,
+                                                   "ep_degree": 4})
+    assert strategy.resolve_degrees(8) == {"dp": 2, "sharding": 2, "pp": 1, "cp": 1, "mp": 2}  # no new axis
+    strategy.validate_for_model(num_heads=4, num_layers=2, vocab_size=64, degrees=strategy.resolve_degrees(8),
+                                num_experts=8)
+    with pytest.raises(ValueError, match="ep_degree 4 does not divide the data ranks dp_degree 2 x sharding_degree 1"):
+        DistributedStrategy(hybrid_configs={"dp_degree": -1, "mp_degree": 4, "ep_degree": 4}).resolve_degrees(8)
+    with pytest.raises(ValueError, match="must be an integer >= 1, got -1"):
+        DistributedStrategy(hybrid_configs={"ep_degree": -1})  # it adds no ranks, so there are none left over
+    with pytest.raises(ValueError) as info:
+        strategy.validate_for_model(num_heads=4, num_layers=2, vocab_size=64, degrees={"dp": 2, "sharding": 2},
+                                    num_experts=6)
+    assert "ep_degree 4 does not divide the model's 6 experts" in str(info.value)
+    assert "use one of [1, 2]" in str(info.value)
+    with pytest.raises(ValueError, match="but this model is dense"):
+        strategy.validate_for_model(num_heads=4, num_layers=2, vocab_size=64, degrees={"dp": 4})
+    with pytest.raises(ValueError, match="ep_degree 4 does not divide the data ranks dp x sharding = 2"):
+        strategy.validate_for_model(num_heads=4, num_layers=2, vocab_size=64, degrees={"dp": 2}, num_experts=8)
+
+
 def test_validate_for_model_rejects_bad_degrees():
     strategy = DistributedStrategy()
     with pytest.raises(ValueError, match="unknown degree key"):
@@ -224,7 +246,7 @@ def test_to_dict_from_dict_round_trip():
     strategy.amp = "bf16"
     data = strategy.to_dict()
     assert data["hybrid_configs"] == {"dp_degree": -1, "mp_degree": 2, "pp_degree": 2, "sharding_degree": 2,
-                                      "cp_degree": 1}
+                                      "cp_degree": 1, "ep_degree": 1}
     assert data["amp_configs"] == {"level": "O1", "use_master_weight": True, "use_master_grad": True}
     assert data["amp"] == "bf16" and data["recompute"] == "selective"
     again = DistributedStrategy.from_dict(data)
@@ -261,7 +283,7 @@ def test_repr_is_readable():
     strategy = DistributedStrategy(hybrid_configs={"mp_degree": 2}, amp="bf16")
     text = repr(strategy)
     assert text.startswith("DistributedStrategy(")
-    assert "HybridConfig(dp_degree=1, mp_degree=2, pp_degree=1, sharding_degree=1, cp_degree=1)" in text
+    assert "HybridConfig(dp_degree=1, mp_degree=2, pp_degree=1, sharding_degree=1, cp_degree=1, ep_degree=1)" in text
     assert "AmpConfig(level='O1'" in text
     assert "amp='bf16'" in text and "recompute='none'" in text
 

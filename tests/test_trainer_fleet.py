@@ -198,7 +198,7 @@ def test_run_config_reads_a_strategy_table(tmp_path):
                     '[strategy.hybrid_configs]\ndp_degree = 2\n[strategy.sharding_configs]\nstage = 2\n')
     config = RunConfig.from_file(path, overrides={"strategy.hybrid_configs.mp_degree": 2})
     assert config.training.strategy["hybrid_configs"] == {"dp_degree": 2, "mp_degree": 2, "pp_degree": 1,
-                                                          "sharding_degree": 1, "cp_degree": 1}
+                                                          "sharding_degree": 1, "cp_degree": 1, "ep_degree": 1}
     assert config.training.strategy["sharding_configs"] == {"stage": 2}
     path.write_text('[model]\nname = "gpt-tiny"\n[training]\nstrategy = {}\n[strategy]\nrecompute = "full"\n')
     with pytest.raises(ValueError, match="both"):

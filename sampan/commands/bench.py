@@ -18,7 +18,7 @@ class CommBenchOptions:
 
     Fields:
         sizes: message sizes, B / KB / MB / GB (powers of 1024).
-        ops: collectives to time, or all: all_reduce, all_gather, reduce_scatter, send_recv.
+        ops: collectives to time, or all: all_reduce, all_gather, reduce_scatter, all_to_all, send_recv.
         iters: timed iterations per op and size.
         warmup: untimed iterations first.
         nproc: ranks to spawn when not under a launcher.
@@ -76,10 +76,10 @@ def register(subparsers) -> None:
                                   description="Measure this machine. `sampan bench comm` times collectives.")
     benches = bench.add_subparsers(dest="bench", metavar="BENCH", required=True)
     comm = benches.add_parser(
-        "comm", help="bus bandwidth of all_reduce / all_gather / reduce_scatter / send_recv by message size",
+        "comm", help="bus bandwidth of all_reduce / all_gather / reduce_scatter / all_to_all / send_recv by message size",
         description="nccl-tests-style collective benchmark: median time per op and message size, algorithm "
                     "bandwidth (size / time) and bus bandwidth (algbw x 2(n-1)/n for all_reduce, (n-1)/n for "
-                    "all_gather and reduce_scatter, 1 for send_recv). Under a launcher (sampan launch / torchrun) "
+                    "all_gather, reduce_scatter and all_to_all, 1 for send_recv). Under a launcher (sampan launch / torchrun) "
                     "it uses that group; run alone it spawns --nproc local gloo ranks.")
     from sampan.utils.flags import add_dataclass_args
 

@@ -7,11 +7,13 @@
 For each op and message size it reports the median time of one call, the algorithm bandwidth
 ``algbw = size / time`` and the bus bandwidth ``busbw = algbw * factor``, with the factors of
 nccl-tests (``doc/PERFORMANCE.md`` there): all_reduce ``2(n-1)/n``, all_gather and reduce_scatter
-``(n-1)/n``, send_recv ``1``. Bus bandwidth is what each link carried, so it can be compared
+``(n-1)/n``, all_to_all ``(n-1)/n`` (the share a rank keeps for itself never leaves it), send_recv
+``1``. Bus bandwidth is what each link carried, so it can be compared
 across rank counts and against the hardware's link speed.
 
 As in nccl-tests, ``size`` is the whole buffer: all_reduce's buffer, all_gather's output (each rank
-gives ``size / n``), reduce_scatter's input (each rank keeps ``size / n``), and the bytes each rank
+gives ``size / n``), reduce_scatter's input (each rank keeps ``size / n``), all_to_all's input (each rank sends
+``size / n`` to every rank, expert parallelism's token dispatch), and the bytes each rank
 sends in send_recv (rank r sends to r+1 and receives from r-1 at the same time). Sizes are rounded
 down to a multiple of ``n`` elements, which is what the table shows.
 
@@ -34,7 +36,7 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 DTYPES = ("float32", "bfloat16", "float16")
 _UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "KIB": 1024, "M": 1024**2, "MB": 1024**2, "MIB": 1024**2,
           "G": 1024**3, "GB": 1024**3, "GIB": 1024**3}
@@ -81,7 +83,7 @@ def bus_factor(op: str, world_size: int) -> float:
     n = world_size
     if op == "all_reduce":
         return 2 * (n - 1) / n
-    if op in ("all_gather", "reduce_scatter"):
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
         return (n - 1) / n
     if op == "send_recv":
         return 1.0
@@ -127,6 +129,10 @@ def _collective(op: str, size: int, dtype, device, rank: int, n: int) -> tuple[C
         out = torch.empty(count // n, dtype=dtype, device=device)
         inp = torch.ones(count, dtype=dtype, device=device)
         return (lambda: reduce_scatter(out, inp)), nbytes
+    if op == "all_to_all":
+        out = torch.empty(count, dtype=dtype, device=device)
+        inp = torch.ones(count, dtype=dtype, device=device)
+        return (lambda: dist.all_to_all_single(out, inp)), nbytes
     if op == "send_recv":
         send = torch.ones(count, dtype=dtype, device=device)
         recv = torch.empty(count, dtype=dtype, device=device)

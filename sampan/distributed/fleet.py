@@ -28,6 +28,7 @@ from torch.distributed.tensor.parallel import parallelize_module
 
 from sampan.distributed import env
 from sampan.distributed.clip import HybridClipGradByGlobalNorm
+from sampan.distributed.expert_parallel import apply_expert_parallel, configure_moe, expert_modules
 from sampan.distributed.model import DistributedModel
 from sampan.distributed.pipeline import PipelineRunner, StageNames, TiedWeightSync, build_stage_modules
 from sampan.distributed.precision import cast_parameters, mixed_precision_policy
@@ -133,7 +134,8 @@ class Fleet:
         if self.strategy is None:
             raise RuntimeError("call fleet.init(is_collective=True, strategy=...) first")
         if self._hcg is None:
-            self._hcg = HybridCommunicateGroup(self._check(self.strategy), env.default_device_type())
+            self._hcg = HybridCommunicateGroup(self._check(self.strategy), env.default_device_type(),
+                                               ep_degree=self.strategy.hybrid_configs.ep_degree)
         return self._hcg
 
     @property
@@ -168,7 +170,7 @@ class Fleet:
             built, keys = "fleet.distributed_model already split the model", None
         elif self._hcg is not None:
             built = "the topology was already built (get_hybrid_communicate_group / shard_batch)"
-            keys = [f"hybrid_configs.{axis}_degree" for axis in ("dp", "sharding", "pp", "mp")]
+            keys = [f"hybrid_configs.{axis}_degree" for axis in ("dp", "sharding", "pp", "mp", "ep")]
         else:
             built, keys = None, []
         differ = _differences(current, given, keys) if built else []
@@ -207,10 +209,13 @@ class Fleet:
         degrees = hcg.degrees
         config = getattr(model, "config", None)
         if config is not None and hasattr(config, "num_heads"):
+            moe = config.moe_shape() if hasattr(config, "moe_shape") else None
             strategy.validate_for_model(config.num_heads, config.num_layers, config.vocab_size, degrees,
-                                        num_kv_heads=getattr(config, "num_kv_heads", None))
+                                        num_kv_heads=getattr(config, "num_kv_heads", None),
+                                        num_experts=moe.num_experts if moe is not None else None)
+        experts = self._expert_targets(model)
         if degrees["pp"] > 1:
-            return self._distributed_pipeline_model(model, tp_plan, pipeline_parts, compile)
+            return self._distributed_pipeline_model(model, tp_plan, pipeline_parts, compile, experts)
         old = {id(p): (weakref.ref(p), name) for name, p in model.named_parameters(remove_duplicate=False)}
         loss_parallel = False
         if degrees["mp"] > 1:
@@ -226,6 +231,7 @@ class Fleet:
             else:
                 apply_tensor_parallel(model, hcg.mesh["mp"], plan)
             loss_parallel = uses_loss_parallel(model, plan)
+        self._expert_parallel(model, experts)
         apply_recompute(model, strategy.recompute, offload=strategy.recompute_configs.enable_offload)
         apply_compile(model, compile)
         self._shard(model)
@@ -233,6 +239,25 @@ class Fleet:
         self._set_param_map({pid: (ref, new[name]) for pid, (ref, name) in old.items() if name in new})
         loss_kind = self._context_parallel_parts(model, None).loss if degrees["cp"] > 1 else None
         return DistributedModel(model, hcg, strategy, loss_parallel, loss_kind=loss_kind)
+
+    def _expert_targets(self, model: nn.Module) -> set[int]:
+        """ids of the experts modules expert parallelism splits (empty at ep_degree 1); a clear error
+        when ep_degree > 1 finds none."""
+        ep = self.strategy.hybrid_configs.ep_degree
+        if ep == 1:
+            return set()
+        found = expert_modules(model)
+        if not found:
+            raise ValueError(f"ep_degree {ep} splits the experts of a Mixture-of-Experts model, but "
+                             f"{type(model).__name__} has no sampan.nn.moe_experts.GroupedExperts; set ep_degree 1")
+        return {id(m) for _, m in found}
+
+    def _expert_parallel(self, module: nn.Module, targets: set[int]) -> None:
+        """Expert parallel over the ``ep`` ranks for the experts modules of ``module`` in ``targets``;
+        the MoE blocks' load reducer and aux-loss scale (see ``expert_parallel.configure_moe``)."""
+        if targets:
+            apply_expert_parallel([m for m in module.modules() if id(m) in targets], self.hcg.expert_mesh())
+        configure_moe(module, self.hcg, self.strategy.pipeline_configs.accumulate_steps)
 
     def _shard(self, module: nn.Module) -> None:
         """FSDP2 over the data (and context-parallel) ranks, with the strategy's precision.
@@ -243,7 +268,9 @@ class Fleet:
         cast_parameters(module, strategy)
         policy = mixed_precision_policy(strategy)
         if hcg.grad_world_size > 1 or policy is not None:
-            apply_sharding(module, hcg.data_mesh(), strategy.sharding_configs.stage, policy)
+            experts = [m for m in module.modules() if getattr(m, "_sampan_expert_parallel", None) is not None]
+            apply_sharding(module, hcg.data_mesh(), strategy.sharding_configs.stage, policy, experts=experts,
+                           expert_mesh=hcg.expert_data_mesh())
 
     def _context_parallel_parts(self, model: nn.Module, parts: PipelineParts | None) -> PipelineParts:
         """The parts that tell context parallel the model's loss and how positions reach it; a clear
@@ -272,7 +299,8 @@ class Fleet:
         return sp_plan
 
     def _distributed_pipeline_model(self, model: nn.Module, tp_plan: dict[str, str] | None,
-                                    parts: PipelineParts | None, compile: bool = False) -> DistributedModel:
+                                    parts: PipelineParts | None, compile: bool = False,
+                                    experts: set[int] | None = None) -> DistributedModel:
         """pp > 1: keep only this rank's stages, then tensor parallel, recompute and sharding per stage."""
         hcg, strategy = self.hcg, self.strategy
         degrees = hcg.degrees
@@ -306,6 +334,7 @@ class Fleet:
                                        stage_sequence_parallel_plan(sp_plan, held, module.lm_head is not None))
                 else:
                     apply_tensor_parallel(module, hcg.mesh["mp"], plan, require_match=False, match_names=as_model)
+            self._expert_parallel(module, experts or set())
             apply_recompute(module, strategy.recompute, offload=strategy.recompute_configs.enable_offload)
             if compile and recompute_targets(module):  # the embedding / head stages have no blocks
                 apply_compile(module, compile)

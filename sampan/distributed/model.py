@@ -15,6 +15,7 @@ from sampan.distributed.pipeline import token_loss_sum
 from sampan.distributed.strategy import DistributedStrategy
 from sampan.distributed.tensor_parallel import loss_context
 from sampan.distributed.topology import HybridCommunicateGroup
+from sampan.nn.moe import moe_blocks, update_expert_bias
 from sampan.utils.loss_weights import loss_token_count
 
 
@@ -58,6 +59,7 @@ class DistributedModel(nn.Module):
         # The model's own token counter (a staticmethod, so no reference to the unsplit model is
         # kept): ``sampan.utils.loss_token_count(wrapped, batch)`` counts as for the model.
         self.loss_token_count = getattr(model, "loss_token_count", None)
+        self._moe = bool(moe_blocks(model))  # whose aux-loss-free bias train_batch moves
         if pipeline is None:
             self.model = model
         else:
@@ -167,6 +169,10 @@ class DistributedModel(nn.Module):
         loss = self.forward_backward(batch)
         optimizer.step()
         optimizer.clear_grad(set_to_zero=False)
+        if self._moe:
+            # Aux-loss-free balancing: the loads summed over the data ranks (the blocks' load
+            # reducer), so the bias moves alike on every rank.
+            update_expert_bias(self.model if self._pipeline is None else self.stages)
         if lr_scheduler is not None:
             lr_scheduler.step()
         return loss

@@ -25,6 +25,7 @@ from torch.distributed.tensor import DTensor
 
 from sampan.distributed.tensor_parallel import loss_context
 from sampan.models.pipeline_parts import PipelineParts
+from sampan.nn.moe import moe_blocks
 
 
 class StageModule(nn.Module):
@@ -127,6 +128,17 @@ class Stage(PipelineStage):
     def __init__(self, *args, zero3: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         self.zero3 = zero3
+
+    def _forward_metadata_inference(self, *args, **kwargs):
+        # torch learns what a stage sends by running its forward once, on the first step; that
+        # forward trained on nothing, so the expert loads of MoE blocks (the aux-loss-free bias
+        # update reads them) must not count it.
+        loads = [(block, block.tokens_per_expert.clone()) for _, block in moe_blocks(self.submod)]
+        try:
+            return super()._forward_metadata_inference(*args, **kwargs)
+        finally:
+            for block, load in loads:
+                block.tokens_per_expert.copy_(load)
 
     def get_bwd_send_ops(self, bwd_chunk_id: int):
         ops = super().get_bwd_send_ops(bwd_chunk_id)

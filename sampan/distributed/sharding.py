@@ -16,6 +16,8 @@ ZeRO stages map onto FSDP2 as follows:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -32,15 +34,20 @@ def shard_units(model: nn.Module) -> list[nn.Module]:
 
 
 def apply_sharding(model: nn.Module, mesh: DeviceMesh, stage: int,
-                   mp_policy: MixedPrecisionPolicy | None = None) -> nn.Module:
+                   mp_policy: MixedPrecisionPolicy | None = None, experts: Sequence[nn.Module] = (),
+                   expert_mesh: DeviceMesh | None = None) -> nn.Module:
     """``fully_shard`` each block, then the root (embeddings, norms, head) over ``mesh``.
 
     ``mp_policy``: FSDP2's mixed precision (``sampan.distributed.precision``), None for none.
+    ``experts``: expert-parallel experts modules, sharded first, on their own over ``expert_mesh``
+    (the expert-data-parallel ranks), so the blocks around them leave their weights alone.
     """
     if stage not in (1, 2, 3):
         raise ValueError(f"sharding stage must be 1, 2 or 3, got {stage}")
     reshard = stage == 3
     extra = {"mp_policy": mp_policy} if mp_policy is not None else {}
+    for unit in experts:
+        fully_shard(unit, mesh=expert_mesh, reshard_after_forward=reshard, **extra)
     for unit in shard_units(model):
         fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, **extra)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard, **extra)

@@ -92,10 +92,16 @@ class HybridConfig(_Section):
     """Context parallel ranks: each holds 1/cp of every sequence's tokens (attention gathers the
     keys and values of the others), for sequences too long for one rank's activations. They also
     share the sharded model state, as sharding ranks do."""
+    ep_degree: int = 1
+    """Expert parallel ranks of a Mixture-of-Experts model (Paddle's name), carved out of the data
+    ranks (dp x sharding, which it must divide): each group of ep neighbouring data ranks holds
+    every expert once, E / ep on each rank, and sends each token to the rank of its experts
+    (all-to-all); expert weights are data parallel (and ZeRO-sharded) over the other
+    dp x sharding / ep ranks. It adds no ranks, so it takes no -1."""
 
     def __post_init__(self) -> None:
         for name in self.keys():
-            _check_int(self, name, 1, also=(-1,))
+            _check_int(self, name, 1, also=() if name == "ep_degree" else (-1,))
         leftover = [name for name in self.keys() if getattr(self, name) == -1]
         if len(leftover) > 1:  # two unknowns cannot be solved from one world size
             raise ValueError(f"HybridConfig: at most one degree may be -1 (the leftover ranks), got -1 for {leftover}")
@@ -363,16 +369,23 @@ class DistributedStrategy:
             raise ValueError(f"the parallel degrees {shown} = {product}, but world_size is {world_size}; "
                              f"their product must equal the number of ranks: change them so it is {world_size}, "
                              "or set dp_degree=-1 to take the leftover ranks")
+        data = degrees["dp"] * degrees["sharding"]
+        if data % h.ep_degree:  # ep groups are carved out of the data ranks, so it adds no axis here
+            raise ValueError(f"ep_degree {h.ep_degree} does not divide the data ranks dp_degree {degrees['dp']} x "
+                             f"sharding_degree {degrees['sharding']} = {data}: expert parallel groups are carved out "
+                             f"of them; use an ep_degree that divides {data}")
         return degrees
 
     def validate_for_model(self, num_heads: int, num_layers: int, vocab_size: int,
-                           degrees: Mapping[str, int], num_kv_heads: int | None = None) -> None:
+                           degrees: Mapping[str, int], num_kv_heads: int | None = None,
+                           num_experts: int | None = None) -> None:
         """Check that the model can be split as ``degrees`` (from :meth:`resolve_degrees`) says.
 
         Raises one ValueError listing every problem, so all can be fixed in one go. An axis missing
         from ``degrees`` counts as 1. sequence_parallel at mp 1 is allowed: it is a no-op.
         ``num_kv_heads`` is the key / value head count of grouped-query attention (None: as many
-        as ``num_heads``).
+        as ``num_heads``). ``num_experts``: the routed experts of a Mixture-of-Experts model
+        (``config.moe_shape().num_experts``), None for a dense model.
         """
         for name, value in (("num_heads", num_heads), ("num_layers", num_layers), ("vocab_size", vocab_size)):
             if not _is_int(value) or value < 1:
@@ -407,5 +420,17 @@ class DistributedStrategy:
         if pp > 1 and micro < pp:  # with fewer, some stages never have a micro-batch to work on
             problems.append(f"micro-batches fewer than pipeline stages: pipeline_configs accumulate_steps={micro} "
                             f"(micro-batches per step) < pp_degree {pp}; set accumulate_steps >= {pp}")
+        ep = self.hybrid_configs.ep_degree
+        data = degrees.get("dp", 1) * degrees.get("sharding", 1)
+        if ep > 1 and num_experts is None:
+            problems.append(f"ep_degree {ep} splits the experts of a Mixture-of-Experts model, but this model is "
+                            "dense (its config has no moe_shape); set ep_degree 1")
+        elif num_experts is not None and num_experts % ep:
+            divisors = [d for d in range(1, num_experts + 1) if num_experts % d == 0 and data % d == 0]
+            problems.append(f"ep_degree {ep} does not divide the model's {num_experts} experts: each expert "
+                            f"parallel rank holds an equal share of them; use one of {divisors}")
+        if data % ep:
+            problems.append(f"ep_degree {ep} does not divide the data ranks dp x sharding = {data}: expert "
+                            "parallel groups are carved out of them")
         if problems:
             raise ValueError("the strategy does not fit the model:\n  - " + "\n  - ".join(problems))

@@ -20,9 +20,11 @@ class HybridCommunicateGroup:
         degrees: ``{"pp": .., "dp": .., "sharding": .., "cp": .., "mp": ..}`` whose product is the world
             size (a missing ``cp`` is 1).
         device_type: "cpu" (gloo) or "cuda" (nccl).
+        ep_degree: expert parallel ranks, carved out of the data ranks (dp x sharding, which it must
+            divide); see :meth:`expert_mesh`.
     """
 
-    def __init__(self, degrees: dict[str, int], device_type: str = "cpu"):
+    def __init__(self, degrees: dict[str, int], device_type: str = "cpu", ep_degree: int = 1):
         shape = tuple(int(degrees.get(axis, 1)) for axis in AXES)
         world = dist.get_world_size()
         product = 1
@@ -41,6 +43,35 @@ class HybridCommunicateGroup:
         else:
             self._shard_axis = "sharding_cp"
             self.mesh["sharding", "cp"]._flatten(self._shard_axis)
+        self.ep_degree = int(ep_degree)
+        self._ep_mesh = self._build_expert_mesh(device_type) if self.ep_degree > 1 else None
+
+    def _build_expert_mesh(self, device_type: str) -> DeviceMesh:
+        """The mesh ``pp x edp_replicate x edp_shard x ep x cp x mp``: the data ranks (``dp x sharding``,
+        data rank = dp rank x sharding + sharding rank) cut into groups of ``ep`` neighbours, taken
+        out of the sharding ranks first, then the dp ranks (as ERNIE 4.5 carves its ep 8 out of its
+        sharding group). What is left of the sharding axis shards the experts' state (ZeRO), the
+        rest of dp replicates it (HSDP), as for the dense weights."""
+        d, ep = self.degrees, self.ep_degree
+        data = d["dp"] * d["sharding"]
+        if data % ep:
+            raise ValueError(f"ep_degree {ep} does not divide the data ranks dp {d['dp']} x sharding "
+                             f"{d['sharding']} = {data}; use an ep_degree that divides {data}")
+        shard = d["sharding"] // ep if d["sharding"] % ep == 0 else 1
+        if shard == 1 and ep % d["sharding"]:  # ep takes whole sharding groups when it outgrows one
+            raise ValueError(f"ep_degree {ep} neither divides sharding_degree {d['sharding']} nor is a multiple "
+                             "of it, so its groups cannot be neighbouring data ranks; choose one that is")
+        replicate = data // (shard * ep)
+        ranks = self.mesh.mesh.reshape(d["pp"], replicate, shard, ep, d["cp"], d["mp"])
+        names = ("pp", "edp_replicate", "edp_shard", "ep", "cp", "mp")
+        mesh = DeviceMesh(device_type, ranks, mesh_dim_names=names)
+        self._expert_sizes = {"edp_replicate": replicate, "edp_shard": shard}
+        if d["cp"] > 1 and shard > 1:
+            self._expert_shard_axis = "edp_shard_cp"
+            mesh["edp_shard", "cp"]._flatten(self._expert_shard_axis)
+        else:
+            self._expert_shard_axis = "cp" if d["cp"] > 1 else "edp_shard"
+        return mesh
 
     def _rank(self, axis: str) -> int:
         return self.mesh.get_local_rank(axis)
@@ -96,6 +127,36 @@ class HybridCommunicateGroup:
 
     def get_context_parallel_group(self):
         return self._group("cp")
+
+    def get_expert_parallel_rank(self) -> int:
+        """This rank's place in its expert parallel group (0 when ep_degree is 1)."""
+        return self._ep_mesh.get_local_rank("ep") if self._ep_mesh is not None else 0
+
+    def get_expert_parallel_world_size(self) -> int:
+        return self.ep_degree
+
+    def get_expert_parallel_group(self):
+        """The group the tokens' all-to-all runs over; None when ep_degree is 1."""
+        return self._ep_mesh.get_group("ep") if self._ep_mesh is not None else None
+
+    def expert_mesh(self) -> DeviceMesh | None:
+        """The 1-D ``ep`` mesh the experts are split over (``Shard(0)``), None when ep_degree is 1."""
+        return self._ep_mesh["ep"] if self._ep_mesh is not None else None
+
+    @property
+    def expert_data_world_size(self) -> int:
+        """Ranks holding the same experts and seeing different data: dp x sharding / ep."""
+        return self.data_world_size // self.ep_degree
+
+    def expert_data_mesh(self) -> DeviceMesh | None:
+        """The mesh FSDP2 shards the experts over, the experts' counterpart of :meth:`data_mesh`:
+        ``(edp_replicate, edp_shard x cp)``, or 1-D when nothing is left of dp; None at ep_degree 1."""
+        if self._ep_mesh is None:
+            return None
+        shard = self._expert_shard_axis
+        if self._expert_sizes["edp_replicate"] == 1:
+            return self._ep_mesh[shard]
+        return self._ep_mesh["edp_replicate", shard]
 
     # What the data loader needs ------------------------------------------------------------------
     @property
