@@ -151,11 +151,15 @@ def _grouped_mm_works(device_type: str, dtype: torch.dtype) -> bool:
 def _probe_grouped_mm(device_type: str, dtype: torch.dtype) -> bool:
     # A tiny aligned run, once per device type and dtype: torch versions differ in where the op
     # exists (the CPU kernel is recent; CUDA builds want sm90+ and bf16).
+    # It may run inside a checkpointed forward (activation recompute), whose saved-tensor hooks
+    # count what the forward saves: identity hooks on top keep the probe's tensors out of that
+    # count (the replay, with the probe cached, would save fewer and fail).
     try:
-        x = torch.randn(8, 16, device=device_type, dtype=dtype, requires_grad=True)
-        w = torch.randn(2, 16, 16, device=device_type, dtype=dtype, requires_grad=True)
-        offs = torch.tensor([3, 8], device=device_type, dtype=torch.int32)
-        torch._grouped_mm(x, w, offs=offs).backward(torch.ones(8, 16, device=device_type, dtype=dtype))
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+            x = torch.randn(8, 16, device=device_type, dtype=dtype, requires_grad=True)
+            w = torch.randn(2, 16, 16, device=device_type, dtype=dtype, requires_grad=True)
+            offs = torch.tensor([3, 8], device=device_type, dtype=torch.int32)
+            torch._grouped_mm(x, w, offs=offs).backward(torch.ones(8, 16, device=device_type, dtype=dtype))
         return True
     except (RuntimeError, NotImplementedError):
         return False
