@@ -10,6 +10,12 @@ block with non-reentrant ``torch.utils.checkpoint``.
   core": with ``scaled_dot_product_attention`` the core no longer keeps the ``s x s``
   probabilities (flash / memory-efficient kernels keep O(s) state), so recomputing it alone would
   save almost nothing.
+* "moe": only the Mixture-of-Experts blocks (``sampan.nn.MoE``: router, dispatch, experts,
+  combine) are recomputed whole; attention and the dense MLPs keep their activations. An MoE
+  block's token copies (``top_k`` per token, ``expert_intermediate_size`` wide inside each expert)
+  are most of an MoE layer's activations while its FLOPs per token are a dense layer's, so this
+  frees most of that memory for one more forward of the cheap part (Megatron-Core's
+  ``--recompute-modules moe``). The block does not count its tokens again when it is replayed.
 
 ``offload=True`` (Paddle's ``recompute_configs["enable_offload"]``) also moves what a recomputed
 block keeps of its input to host memory during forward and brings it back when backward recomputes
@@ -31,6 +37,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
+from sampan.nn.moe import MoE
 from sampan.nn.transformer import TransformerBlock
 
 
@@ -47,6 +54,8 @@ def _compute_intensive_ops() -> set:
 
 
 _SAVE_OPS = _compute_intensive_ops()
+# "moe": only the Mixture-of-Experts blocks, recomputed whole.
+RECOMPUTE_MODES = ("none", "full", "selective", "moe")
 
 
 def _selective_policy(ctx, op, *args, **kwargs):
@@ -93,8 +102,11 @@ def _offloaded(forward, device: torch.device):
     return run
 
 
-def recompute_targets(model: nn.Module) -> list[nn.Module]:
-    """The blocks to wrap: sampan ``TransformerBlock``s, else every element of every ``ModuleList``."""
+def recompute_targets(model: nn.Module, mode: str = "full") -> list[nn.Module]:
+    """The blocks to wrap: with ``mode`` "moe" every ``sampan.nn.MoE`` block; else sampan
+    ``TransformerBlock``s, or every element of every ``ModuleList`` when there are none."""
+    if mode == "moe":
+        return [m for m in model.modules() if isinstance(m, MoE)]
     blocks = [m for m in model.modules() if isinstance(m, TransformerBlock)]
     if blocks:
         return blocks
@@ -121,23 +133,31 @@ def _recompute_forward(self: nn.Module, *args, **kwargs):
 
 
 def apply_recompute(model: nn.Module, mode: str, offload: bool = False) -> int:
-    """Wrap ``model``'s blocks for ``mode`` ("none", "full", "selective"); returns how many.
+    """Wrap ``model``'s blocks for ``mode`` ("none", "full", "selective", or "moe": the MoE
+    blocks only); returns how many.
 
     ``offload``: keep each block's input on the host between forward and backward (needs a
     recompute mode: without one a block keeps far more than its input). Idempotent per mode;
-    switching mode rewraps. State-dict keys do not change.
+    switching mode rewraps (from "moe" to a block mode and back too: one kind of block is wrapped
+    at a time). State-dict keys do not change.
     """
-    if mode not in ("none", "full", "selective"):
-        raise ValueError(f"recompute mode must be 'none', 'full' or 'selective', got {mode!r}")
+    if mode not in RECOMPUTE_MODES:
+        raise ValueError(f"recompute mode must be 'none', 'full' or 'selective' (or 'moe': the MoE blocks only), "
+                         f"got {mode!r}")
     if offload and mode == "none":
         raise ValueError("activation offload moves the inputs that recomputed blocks keep to the host, so it needs "
-                         "recompute: set recompute to 'full' (or 'selective'), or turn offload off")
-    targets = recompute_targets(model)
+                         "recompute: set recompute to 'full' (or 'selective', 'moe'), or turn offload off")
+    targets = recompute_targets(model, mode)
+    if mode == "moe" and not targets:
+        raise ValueError(f"recompute 'moe' recomputes the Mixture-of-Experts blocks, and {type(model).__name__} has "
+                         "none (no sampan.nn.MoE): use 'full' or 'selective' for a dense model")
+    # Whatever an earlier call wrapped goes first: one kind of block at a time (a checkpointed MoE
+    # block inside a checkpointed layer would run three times).
+    for block in [m for m in model.modules() if "_sampan_recompute" in m.__dict__]:
+        del block.forward  # drop the instance override; the class forward shows through again
+        del block._sampan_recompute
+        del block._sampan_offload
     for block in targets:
-        if "_sampan_recompute" in block.__dict__:
-            del block.forward  # drop the instance override; the class forward shows through again
-            del block._sampan_recompute
-            del block._sampan_offload
         if mode != "none":
             block._sampan_recompute = mode
             block._sampan_offload = offload

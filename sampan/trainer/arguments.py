@@ -13,7 +13,7 @@ from sampan.utils.config_files import load_config_file  # noqa: F401
 
 LR_SCHEDULERS = ("linear", "cosine", "constant", "wsd")
 AMP_MODES = (None, "auto", "bf16", "fp16")
-RECOMPUTE_MODES = ("none", "full", "selective")
+RECOMPUTE_MODES = ("none", "full", "selective", "moe")
 
 
 @dataclasses.dataclass
@@ -51,8 +51,11 @@ class TrainingArguments:
         compile: ``torch.compile`` each transformer block (after recompute is applied, before
             sharding, the order torchtitan uses). The first steps pay the compile time; see
             docs/gpu.md for when it pays back.
-        recompute: "none", "full" (recompute every transformer block in backward) or "selective"
-            (keep matmul and attention outputs, recompute the cheap element-wise ops).
+        recompute: "none", "full" (recompute every transformer block in backward), "selective"
+            (keep matmul and attention outputs, recompute the cheap element-wise ops) or "moe"
+            (recompute only the Mixture-of-Experts blocks: router, dispatch, experts, combine;
+            an error for a model without any). With a strategy, "moe" is applied after fleet
+            splits the model and leaves the strategy's own recompute "none".
         seed: seeds python, numpy and torch at the start, and the data order.
         logging_steps: steps between metric lines (progress, TensorBoard, ``metrics.jsonl``).
         eval_steps: steps between evaluations; 0 evaluates only at the end (when there is an

@@ -42,6 +42,7 @@ from sampan.checkpoint import capture_rng_state, load_checkpoint, restore_rng_st
 from sampan.io import DataLoader
 from sampan.nn.compile import apply_compile
 from sampan.nn.recompute import apply_recompute
+from sampan.trainer.moe_logging import has_moe, set_micro_batch_scale
 from sampan.trainer.training_backend import AutocastFn, LossFn, TrainingBackend, to_device
 from sampan.trainer.training_backend import build_optimizer as build_optimizer  # re-exported
 from sampan.utils.loss_weights import loss_token_count
@@ -83,6 +84,7 @@ class LocalBackend(TrainingBackend):
         apply_compile(model, self.args.compile)  # after recompute: the compiled block holds the checkpoint
         self._build_optimizer_and_scaler(model, schedule)
         self.model = model
+        self._moe = has_moe(model)
 
     def forward_backward(self, micro: list[Any], compute_loss: LossFn, autocast: AutocastFn) -> float:
         model = self.model
@@ -92,6 +94,8 @@ class LocalBackend(TrainingBackend):
         counts = [loss_token_count(model, batch) for batch in micro]
         total_count = sum(counts)
         weights = [c / total_count for c in counts] if total_count > 0 else [1.0 / len(micro)] * len(micro)
+        if self._moe:  # balancing losses join the gradients in backward, weighed as the main loss
+            set_micro_batch_scale(model, len(micro), self.scaler.get_scale() if self.scaler.is_enabled() else 1.0)
         losses = []
         for batch, weight in zip(micro, weights, strict=True):
             with autocast():

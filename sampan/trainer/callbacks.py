@@ -100,7 +100,11 @@ def _format(metrics: dict[str, Any]) -> str:
     parts = [f"step {metrics['step']:>6}/{metrics.get('max_steps', '?')}"]
     for key, fmt in (("loss", "loss {:.4f}"), ("eval_loss", "eval_loss {:.4f}"), ("lr", "lr {:.2e}"),
                      ("grad_norm", "grad_norm {:.3f}"), ("tokens_per_sec", "{:,.0f} tok/s"),
-                     ("mfu", "MFU {:.1%}"), ("loss_scale", "scale {:.0f}"), ("eta_sec", "ETA {}")):
+                     ("mfu", "MFU {:.1%}"), ("loss_scale", "scale {:.0f}"),
+                     # Mixture-of-Experts balancing (the per-layer loads go to metrics.jsonl / TensorBoard)
+                     ("moe/aux_loss", "aux {:.4f}"), ("moe/z_loss", "z {:.4f}"),
+                     ("moe/load_max_over_mean", "load max/mean {:.2f}"), ("moe/dropped_tokens", "dropped {:.0f}"),
+                     ("eta_sec", "ETA {}")):
         if metrics.get(key) is not None:
             value = metrics[key]
             if key == "eta_sec":

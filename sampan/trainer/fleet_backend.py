@@ -39,6 +39,7 @@ from sampan.distributed.clip import HybridClipGradByGlobalNorm, global_grad_norm
 from sampan.distributed.fleet import Fleet
 from sampan.distributed.strategy import DistributedStrategy
 from sampan.io import DataLoader
+from sampan.nn.recompute import apply_recompute
 from sampan.trainer.training_backend import AutocastFn, LossFn, TrainingBackend, to_device
 from sampan.utils.device import local_rank
 from sampan.utils.loss_weights import loss_token_count
@@ -59,7 +60,7 @@ def strategy_for(args) -> DistributedStrategy:
     if strategy.recompute != "none" and args.recompute not in ("none", strategy.recompute):
         raise ValueError(f"strategy recompute={strategy.recompute!r} disagrees with recompute={args.recompute!r}; "
                          "set one of them")
-    if args.recompute != "none":
+    if args.recompute not in ("none", "moe"):  # "moe" is applied by FleetBackend.setup, after the split
         strategy.recompute = args.recompute
     amp = args.amp or strategy.amp
     if args.amp and strategy.amp and args.amp != strategy.amp:
@@ -114,6 +115,10 @@ class FleetBackend(TrainingBackend):
         # How to build the unsplit model again (for save_pretrained): its class and a copy of its config.
         self._rebuild = (type(model), copy.deepcopy(config)) if hasattr(model, "save_pretrained") else None
         self.model = self.fleet.distributed_model(model, compile=self.args.compile)
+        if self.args.recompute == "moe":
+            # The MoE blocks as the split left them (each stage's, with expert parallelism's hooks
+            # inside): the strategy's recompute modes are whole blocks only.
+            apply_recompute(self.model, "moe")
         self.optimizer = self.fleet.distributed_optimizer(self.optimizer)
         # Splitting places the parameters on the mesh's device (a GPU under NCCL): batches follow them.
         self.device = next((p.device for p in self.model.parameters()), self.device)

@@ -30,6 +30,7 @@ from sampan.amp import auto_cast, cpu_gemm_rates
 from sampan.checkpoint import resolve_resume
 from sampan.checkpoint.discovery import checkpoint_dir_name
 from sampan.io import DataLoader
+from sampan.trainer import moe_logging
 from sampan.trainer.arguments import TrainingArguments
 from sampan.trainer.backend import TrainingBackend, make_backend, to_device
 from sampan.trainer.callbacks import (
@@ -142,6 +143,9 @@ class Trainer:
         self.scaler, self.device = self.backend.scaler, self.backend.device
         self._peak_flops: float | None = None
         self._last_lr = self.optimizer.get_lr()
+        # Mixture-of-Experts: balancing figures for the log, the bias update once per step.
+        self._moe = moe_logging.has_moe(self.model)
+        self._moe_metrics: dict[str, float] = {}
 
     @property
     def fleet(self):
@@ -333,10 +337,16 @@ class Trainer:
         tokens, flops = backend.job_totals(tokens, flops)  # report the job's throughput
         self.state.global_step += 1
         self._last_lr = self.optimizer.get_lr()  # the rate this step uses, logged (the schedule moves on below)
+        step = self.state.global_step
+        if self._moe and (step % args.logging_steps == 0 or step == self.max_steps):
+            # Before the statistics are reset below; on every rank alike (a collective on fleet).
+            self._moe_metrics = moe_logging.step_metrics(self.model)
         grad_norm = None
         if not math.isfinite(loss_value):
             # Skip the update: one bad batch must not poison the weights. Stop if it keeps happening.
             backend.zero_grad()
+            if self._moe:
+                moe_logging.end_step(self.model, stepped=False)
             self.state.skipped_steps += 1
             self.state.consecutive_nonfinite += 1
             if self.state.consecutive_nonfinite >= args.max_nonfinite_steps:
@@ -348,11 +358,14 @@ class Trainer:
             return loss_value, tokens, flops, None
         self.state.consecutive_nonfinite = 0
         grad_norm = backend.clip_gradients()  # fp16 unscale first
-        if backend.optimizer_step():
+        stepped = backend.optimizer_step()
+        if stepped:
             self.schedule.step()
         else:  # the fp16 loss scaler skipped the update
             self.state.skipped_steps += 1
         backend.zero_grad()
+        if self._moe:  # the aux-loss-free bias moves once per optimizer step
+            moe_logging.end_step(self.model, stepped)
         return loss_value, tokens, flops, grad_norm
 
     def _log(self, window: dict[str, Any], grad_norm: float | None) -> None:
@@ -380,6 +393,7 @@ class Trainer:
             metrics["mfu"] = achieved / self._peak_flops
         if self.scaler.is_enabled():
             metrics["loss_scale"] = self.scaler.get_scale()
+        metrics.update(self._moe_metrics)  # the logged step's MoE balancing (moe_logging.step_metrics)
         for cb in self.callbacks:
             cb.on_log(self.args, self.state, metrics)
 
