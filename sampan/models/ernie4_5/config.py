@@ -311,8 +311,9 @@ CONFIGS = {
                                        head_dim=128, intermediate_size=12288, tie_word_embeddings=True,
                                        moe_num_experts=64, moe_k=6, moe_intermediate_size=1536,
                                        moe_num_shared_experts=2, moe_layer_start_index=1),
+    # Tied as the 21B: with an untied head it would hold 299.5B / 47.9B active, named "A48B".
     "ernie4.5-300b-a47b": Ernie4_5Config(**_ERNIE45, hidden_size=8192, num_layers=54, num_heads=64, num_kv_heads=8,
-                                         head_dim=128, intermediate_size=28672, tie_word_embeddings=False,
+                                         head_dim=128, intermediate_size=28672, tie_word_embeddings=True,
                                          moe_num_experts=64, moe_k=8, moe_intermediate_size=3584,
                                          moe_num_shared_experts=0, moe_layer_start_index=3),
 }
