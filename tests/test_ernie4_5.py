@@ -147,6 +147,8 @@ def test_hf_config_refusals_and_defaults():
     assert config.head_dim == 8 and config.tie_word_embeddings and config.eos_token_id == 2
     dense = ernie_hf.config_from_hf({**base, "model_type": "ernie4_5"})
     assert dense.head_dim == 128 and not dense.is_moe  # Ernie4_5Config's default head_dim
+    with pytest.raises(ValueError, match="use_rmsnorm=false"):
+        ernie_hf.config_from_hf({**base, "use_rmsnorm": False})
     with pytest.raises(ValueError, match="moe_gate_act 'sigmoid'"):
         ernie_hf.config_from_hf({**base, "moe_gate_act": "sigmoid"})
     with pytest.raises(ValueError, match="rope_type 'dynamic'|not supported"):

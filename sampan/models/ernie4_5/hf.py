@@ -90,6 +90,9 @@ def config_from_hf(hf: Mapping[str, Any]) -> Ernie4_5Config:
     model_type = hf["model_type"]
     if model_type not in CLASS_PREFIX:
         raise ValueError(f"model_type {model_type!r} is not an ERNIE 4.5 model ({sorted(CLASS_PREFIX)})")
+    if hf.get("use_rmsnorm", True) is False:
+        raise ValueError("use_rmsnorm=false is not supported: ERNIE 4.5's norms are RMSNorms in sampan and in "
+                         "transformers (which ignores the key); every published ERNIE 4.5 model sets it true")
     hf = {**hf, **{ours: hf[alias] for alias, ours in MOE_ALIASES.items() if alias in hf and ours not in hf}}
     fields: dict[str, Any] = {ours: hf[theirs] for theirs, ours in CONFIG_FIELDS.items() if theirs in hf}
     for key, value in HF_DEFAULTS.items():
