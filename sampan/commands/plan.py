@@ -49,10 +49,10 @@ class PlanOptions:
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
     from sampan.planner.hardware import PRESETS
-    from sampan.planner.layout import FIX_METAVAR
+    from sampan.planner.layout import FIX_METAVAR, MOE_DISPATCH
     from sampan.utils.flags import add_dataclass_args
 
-    add_dataclass_args(parser, PlanOptions, choices={"gpu.hardware": sorted(PRESETS)},
+    add_dataclass_args(parser, PlanOptions, choices={"gpu.hardware": sorted(PRESETS), "job.moe_dispatch": MOE_DISPATCH},
                        metavars={"job.fix": FIX_METAVAR, "write_strategy": "FILE", "from_run": "OUTPUT_DIR",
                                  "model_shape": "layers=..,hidden=..,heads=..,vocab=.."})
 
