@@ -1,7 +1,9 @@
 """Mixture-of-Experts models in the Trainer (issue 38): the balancing figures logged after every
 optimizer step (metrics.jsonl, the progress line, TensorBoard), the aux-loss-free bias moved once
 per step, recompute (full, selective, and "moe": the MoE blocks only) equal to none in loss,
-gradients and the blocks' statistics, and the loads summed over the data ranks before max / mean.
+gradients and the blocks' statistics, and the loads summed over the data ranks before max / mean
+(in one process through an injected reducer, and on dp2 x ep2 gloo ranks through fleet's). Cost:
+about 15 s (the fleet case forks two ranks and saves a DCP checkpoint at the end).
 """
 
 from __future__ import annotations
@@ -9,11 +11,13 @@ from __future__ import annotations
 import copy
 import json
 import math
+import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from ranks import run_ranks
 
 from sampan.io import TokenWindowDataset
 from sampan.models import create
@@ -172,3 +176,64 @@ def test_moe_recompute_switches_with_the_other_modes_and_needs_moe_blocks():
     assert TrainingArguments(recompute="moe").recompute == "moe"
     with pytest.raises(ValueError, match="recompute"):
         TrainingArguments(recompute="experts")
+
+
+# -- fleet -------------------------------------------------------------------------------------------------------
+FLEET_SCRIPT = textwrap.dedent('''
+    import json, sys
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from sampan.io import TokenWindowDataset
+    from sampan.models import create
+    from sampan.nn.moe import moe_blocks
+    from sampan.trainer import Trainer, TrainingArguments, moe_logging
+
+    out, layout = sys.argv[1], json.loads(sys.argv[2])
+    torch.manual_seed(0)
+    model = create("deepseek-v3-tiny")
+    before = [b.gate.e_score_correction_bias.tolist() for _, b in moe_blocks(model)]
+    data = TokenWindowDataset(np.random.default_rng(0).integers(0, 512, 40 * 16), seq_len=16)
+    args = TrainingArguments(output_dir=out, max_steps=3, per_device_train_batch_size=2, learning_rate=3e-3,
+                             logging_steps=1, save_steps=0, progress_bar=False, peak_flops=0, seed=0,
+                             tensorboard=False, recompute="moe", strategy=layout)
+    trainer = Trainer(model, args, data)
+    trainer.train()
+    blocks = [b for _, b in moe_blocks(trainer.model)]
+    recomputed = all("_sampan_recompute" in b.__dict__ for b in blocks)
+    # The real load reducer (fleet's DataRankSum): loads that mirror each other are even together.
+    rank = dist.get_rank()
+    mine = [6.0] + [2.0] * 7 if rank == 0 else [0.0] + [4.0] * 7
+    for block in blocks:
+        block.tokens_per_expert.copy_(torch.tensor(mine))
+    ratio = moe_logging.step_metrics(trainer.model)["moe/load_max_over_mean"]
+    after = [b.gate.e_score_correction_bias.tolist() for b in blocks]
+    with open(f"{out}/rank{rank}.json", "w") as f:
+        json.dump({"before": before, "after": after, "ratio": ratio, "recomputed": recomputed}, f)
+    from sampan.distributed.env import shutdown
+    shutdown()
+''')
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_fleet_trainer_reduces_the_loads_and_moves_the_bias_alike_on_every_rank(tmp_path):
+    """dp2 x ep2 on two gloo ranks, MoE-only recompute around the expert-parallel all-to-all: rank 0
+    logs finite balancing figures, the bias moves (once per step: it is fleet's forward_backward,
+    not train_batch, that the Trainer runs) and equally on both ranks, and the logged loads are
+    summed over the data ranks by the reducer fleet sets."""
+    script = tmp_path / "fleet_moe.py"
+    script.write_text(FLEET_SCRIPT)
+    layout = {"hybrid_configs": {"dp_degree": 2, "ep_degree": 2}}
+    run = run_ranks(script, [tmp_path, json.dumps(layout)], nproc=2, timeout=220)
+    assert run.returncode == 0, run.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert all(r["recomputed"] for r in ranks)
+    assert ranks[0]["after"] == ranks[1]["after"] and ranks[0]["after"] != ranks[0]["before"]
+    moved = torch.tensor(ranks[0]["after"]) - torch.tensor(ranks[0]["before"])
+    steps = moved / 1e-3  # bias_update_rate
+    assert torch.allclose(steps, steps.round(), atol=1e-3) and steps.abs().max() <= 3 + 1e-3
+    assert ranks[0]["ratio"] == ranks[1]["ratio"] == pytest.approx(1.0)
+    records = _records(tmp_path)
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert all(math.isfinite(r[k]) for r in records for k in ("moe/aux_loss", "moe/load_max_over_mean"))
