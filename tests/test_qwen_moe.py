@@ -2,8 +2,10 @@
 packing, training, and its tensor / sequence / expert-parallel splits.
 
 Tiny random transformers models (8 experts, top-2, MoE and dense layers side by side) are the
-reference; nothing is downloaded. Cost: about 25 s (the zoo builds Qwen3-235B on the meta device in
-transformers and sampan; the mp2 case forks two gloo ranks three times).
+reference; nothing is downloaded. Cost: about 16 s on an idle 2-core machine (40 s with the
+machine loaded 5x over): the multi-process case (six two-rank or one-process runs, forked from the
+zygote in ranks.py) takes about 10 s of it, the HF round trips 2 s, the zoo (Qwen3-235B built on the
+meta device by transformers and by sampan) 1.5 s.
 """
 
 from __future__ import annotations
@@ -327,21 +329,21 @@ def test_tensor_parallel_plan_leaves_moe_blocks_whole_and_names_the_experts():
 
 
 SPLIT_SCRIPT = textwrap.dedent('''
-    import json, os, sys
+    import json, sys
     import torch
     import sampan
     from sampan.models import create
 
-    out, mode = sys.argv[1], sys.argv[2]
+    out, aux, layout = sys.argv[1], float(sys.argv[2]), json.loads(sys.argv[3])  # layout {} = one process
     torch.manual_seed(0)
     # Qwen2-MoE's layout (dense layer 1, MoE layers 0 and 2 with a gated shared expert) with qk-norm too.
     model = create("qwen2-moe-tiny", vocab_size=64, max_position_embeddings=16, qk_norm=True,
-                   router_aux_loss_coef=0.05)
+                   router_aux_loss_coef=aux)
     optimizer = sampan.optimizer.SGD(learning_rate=0.2, parameters=model.parameters())
     gen = torch.Generator().manual_seed(1)
     batches = [torch.randint(1, 64, (4, 16), generator=gen)] * 3  # one batch: the loss must fall
     losses = []
-    if mode == "one":
+    if not layout:
         for ids in batches:
             loss = model(input_ids=ids, labels=ids)
             optimizer.minimize(loss)
@@ -349,35 +351,52 @@ SPLIT_SCRIPT = textwrap.dedent('''
     else:
         from sampan.distributed import fleet
         strategy = fleet.DistributedStrategy()
-        strategy.hybrid_configs = {"mp_degree": 2}
-        strategy.tensor_parallel_configs = {"sequence_parallel": mode == "sp"}
+        strategy.hybrid_configs = layout["hybrid_configs"]
+        strategy.tensor_parallel_configs = {"sequence_parallel": layout.get("sp", False)}
+        strategy.pipeline_configs = {"accumulate_steps": layout.get("accumulate", 1)}
         fleet.init(is_collective=True, strategy=strategy)
         dmodel = fleet.distributed_model(model)
         optimizer = fleet.distributed_optimizer(optimizer)
+        weight = model.model.layers[0].mlp.experts.gate_up_proj  # a DTensor under expert parallelism
+        held = (weight.to_local() if hasattr(weight, "to_local") else weight).shape[0]
         for ids in batches:
             losses.append(dmodel.train_batch(fleet.shard_batch({"input_ids": ids, "labels": ids}), optimizer).item())
-    if mode == "one" or torch.distributed.get_rank() == 0:
+    if not layout or torch.distributed.get_rank() == 0:
         with open(out, "w") as f:
-            json.dump(losses, f)
-    if mode != "one":
+            json.dump({"losses": losses, "experts_held": held if layout else 8}, f)
+    if layout:
         from sampan.distributed.env import shutdown
         shutdown()
 ''')
+# (aux-loss weight, layout): the MoE blocks see every token of the batch under mp (with or without
+# sequence parallel), so the balancing loss is one process's; data-parallel expert parallelism and
+# pipeline micro-batches compute it on part of the batch, so those run without it.
+SPLITS = {
+    "mp2": (0.05, {"hybrid_configs": {"mp_degree": 2}}),
+    "mp2-sp": (0.05, {"hybrid_configs": {"mp_degree": 2}, "sp": True}),
+    "dp2-ep2": (0.0, {"hybrid_configs": {"dp_degree": 2, "ep_degree": 2}}),
+    "pp2": (0.0, {"hybrid_configs": {"pp_degree": 2}, "accumulate": 2}),
+}
 
 
 @pytest.mark.multiprocess
-@pytest.mark.timeout(240)
-def test_tensor_and_sequence_parallel_mp2_equal_one_process(tmp_path):
-    """mp2, with and without sequence parallel, on two gloo ranks: plain SGD (where a gradient of the
-    wrong scale shows in the next loss) gives the one-process losses."""
+@pytest.mark.timeout(300)
+def test_tensor_sequence_expert_and_pipeline_parallel_equal_one_process(tmp_path):
+    """mp2 (with and without sequence parallel), dp2 x ep2 (one expert of each block on each rank)
+    and pp2, each on two gloo ranks: plain SGD (where a gradient of the wrong scale shows in the next
+    loss) gives the one-process losses."""
     script = tmp_path / "split.py"
     script.write_text(SPLIT_SCRIPT)
-    one = run_ranks(script, [tmp_path / "one.json", "one"], distributed=False, timeout=120)
-    assert one.returncode == 0, one.stderr[-3000:]
-    want = json.loads((tmp_path / "one.json").read_text())
-    assert want[2] < want[1] < want[0]
-    for mode in ("tp", "sp"):
-        run = run_ranks(script, [tmp_path / f"{mode}.json", mode], nproc=2, timeout=120)
+    want = {}
+    for aux in (0.05, 0.0):
+        one = run_ranks(script, [tmp_path / f"one-{aux}.json", aux, "{}"], distributed=False, timeout=120)
+        assert one.returncode == 0, one.stderr[-3000:]
+        want[aux] = json.loads((tmp_path / f"one-{aux}.json").read_text())["losses"]
+        assert want[aux][2] < want[aux][1] < want[aux][0]
+    assert want[0.05] != want[0.0]  # the balancing loss changes the training
+    for name, (aux, layout) in SPLITS.items():
+        run = run_ranks(script, [tmp_path / f"{name}.json", aux, json.dumps(layout)], nproc=2, timeout=120)
         assert run.returncode == 0, run.stderr[-3000:]
-        got = json.loads((tmp_path / f"{mode}.json").read_text())
-        assert got == pytest.approx(want, rel=1e-5, abs=1e-6), mode
+        got = json.loads((tmp_path / f"{name}.json").read_text())
+        assert got["losses"] == pytest.approx(want[aux], rel=1e-5, abs=1e-6), name
+        assert got["experts_held"] == (4 if "ep_degree" in layout["hybrid_configs"] else 8), name
