@@ -324,7 +324,9 @@ def test_parallel_plans_leave_moe_blocks_to_expert_parallelism():
     split = {name for name in modules for pattern in plan if fnmatchcase(name, pattern)}
     assert "model.layers.0.mlp.gate_proj" in split and "model.layers.2.self_attn.q_proj" in split
     assert not any(".layers.1.mlp" in name or ".layers.2.mlp" in name for name in split)
-    assert parallelize.sequence_parallel_plan(moe) is None
+    sp = parallelize.sequence_parallel_plan(moe)
+    assert type(sp["model.layers.1.mlp"]).__name__ == "PrepareModuleInputOutput"  # gathered whole, sliced out
+    assert "model.layers.1.mlp.gate_proj" not in sp and "model.layers.0.mlp.gate_proj" in sp
     assert "model.layers.1.mlp.gate_proj" in parallelize.sequence_parallel_plan(dense)
     parts = parallelize.pipeline_parts(moe)
     assert parts.layers is moe.model.layers and parts.positions == "rotary"
@@ -357,6 +359,7 @@ if hybrid:
     strategy = fleet.DistributedStrategy()
     strategy.hybrid_configs = hybrid
     strategy.pipeline_configs = settings.get("pipeline_configs", {})
+    strategy.tensor_parallel_configs = settings.get("tensor_parallel_configs", {})
     fleet.init(is_collective=True, strategy=strategy)
     dmodel = fleet.distributed_model(model)
     optimizer = fleet.distributed_optimizer(optimizer)
@@ -399,12 +402,13 @@ def fleet_reference(tmp_path_factory):
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("name, settings, nproc", [
     ("dp2_mp2_ep2", {"hybrid_configs": {"dp_degree": 2, "mp_degree": 2, "ep_degree": 2}}, 4),
-    ("pp2", {"hybrid_configs": {"pp_degree": 2}, "pipeline_configs": {"accumulate_steps": 2}}, 2),
+    ("mp2_pp2_sp", {"hybrid_configs": {"mp_degree": 2, "pp_degree": 2}, "pipeline_configs": {"accumulate_steps": 2},
+                    "tensor_parallel_configs": {"sequence_parallel": True}}, 4),
 ])
 def test_moe_model_trains_alike_under_fleet(name, settings, nproc, fleet_reference, tmp_path):
-    """Attention and dense MLPs split by mp, experts by ep (MoE blocks whole on each mp rank),
-    layers by pp: one process's losses and correction-bias updates (the loads summed over the
-    data ranks and the micro-batches)."""
+    """Attention and dense MLPs split by mp (with and without sequence parallel), experts by ep (MoE
+    blocks whole on each mp rank), layers by pp: one process's losses and correction-bias updates
+    (the loads summed over the data ranks and the micro-batches)."""
     fleet = _fleet_run(tmp_path, name, settings, nproc)
     torch.testing.assert_close(torch.tensor(fleet["losses"]), torch.tensor(fleet_reference["losses"]),
                                atol=2e-5, rtol=0)

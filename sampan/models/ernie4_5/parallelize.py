@@ -13,6 +13,7 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
+    PrepareModuleInputOutput,
     RowwiseParallel,
     SequenceParallel,
 )
@@ -64,18 +65,15 @@ def tensor_parallel_plan(model: nn.Module) -> dict[str, str]:
     return plan
 
 
-def sequence_parallel_plan(model: nn.Module) -> dict[str, object] | None:
-    """Megatron-SP for the dense model (norms and the residual stream on ``1/mp`` of the tokens,
-    as the Llama family's plan); None for an MoE model.
-
-    An MoE block would run on each rank's sequence shard, which is right token by token, but its
-    replicated router and expert weights would then get gradients from different tokens on each
-    mp rank and need a sum over mp that fleet does not add for plain parameters.
+def sequence_parallel_plan(model: nn.Module) -> dict[str, object]:
+    """Megatron-SP: norms and the residual stream on ``1/mp`` of the tokens, attention and dense
+    MLPs as the Llama family's plan. An MoE block gathers the sequence, runs whole on every mp rank
+    (as under plain tensor parallel) and keeps this rank's shard of its output, so its router and
+    experts get the same gradients on every mp rank and need no sum over mp.
     """
-    if model.config.is_moe:
-        return None
     body = _body(model)
     prefix = f"{body}." if body else ""
+    moe = set(model.config.moe_layers)
     plan: dict[str, object] = {f"{prefix}embed_tokens": VocabParallelEmbedding(Shard(1))}
     for i in range(model.config.num_layers):
         name = f"{prefix}layers.{i}"
@@ -89,6 +87,13 @@ def sequence_parallel_plan(model: nn.Module) -> dict[str, object] | None:
         for proj in ("q_proj", "k_proj", "v_proj"):
             plan[f"{name}.self_attn.{proj}"] = ColwiseParallel()
         plan[f"{name}.self_attn.o_proj"] = RowwiseParallel(output_layouts=Shard(1))
+        if i in moe:
+            # Gathered in (all-gather forward, this rank's slice of the full gradient backward),
+            # sliced out (the reverse): the block sees plain, whole-sequence tensors.
+            plan[f"{name}.mlp"] = PrepareModuleInputOutput(
+                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_input=True,
+                output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),), use_local_output=True)
+            continue
         plan[f"{name}.mlp"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
                                                  use_local_output=False)
         plan[f"{name}.mlp.gate_proj"] = ColwiseParallel()
