@@ -129,8 +129,10 @@ def simulate_job(job: Job, strategy_text: str | None, gpu_memory_gb: float, rank
     if vocab != config.vocab_size:  # as `sampan plan --write-strategy` pads it
         overrides["vocab_size"] = vocab
     try:
+        moe = config.moe_shape() if hasattr(config, "moe_shape") else None
         strategy.validate_for_model(config.num_heads, config.num_layers, vocab, degrees,
-                                    num_kv_heads=getattr(config, "num_kv_heads", None))
+                                    num_kv_heads=getattr(config, "num_kv_heads", None),
+                                    num_experts=moe.num_experts if moe is not None else None)
     except ValueError as err:
         raise ValueError(str(err).replace(":\n  - ", ": ").replace("\n  - ", "; ")) from None
     if work.seq_len > config.max_position_embeddings:
