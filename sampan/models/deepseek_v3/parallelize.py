@@ -1,11 +1,17 @@
 """How the DeepSeek-V3 family splits: tensor-parallel plan, pipeline parts and expert-parallel modules.
 
-Tensor parallel splits MLA by heads: ``q_b_proj`` (or ``q_proj``) and ``kv_b_proj`` column-wise
-(each rank expands the shared latent into its own heads' keys and values), ``o_proj`` row-wise;
-the down-projections to the latents (``q_a_proj``, ``kv_a_proj_with_mqa``) and their norms are
-small and stay replicated. The dense layers' SwiGLU and the vocabulary split as in Llama. MoE
-blocks stay replicated by tensor parallel: expert parallelism shards their experts
-(``expert_parallel_modules``).
+Tensor parallel splits the dense layers' SwiGLU and the vocabulary as in Llama; attention and the
+MoE blocks stay whole on every mp rank (expert parallelism shards the experts:
+``expert_parallel_modules``).
+
+Why MLA is not split by heads: every head reads the one rotary key ``k_rot`` that
+``kv_a_proj_with_mqa`` computes from the replicated input. With the heads split (q_b_proj and
+kv_b_proj column-wise, o_proj row-wise) the forward is exact, but each rank's gradient of
+``k_rot`` sums only its own heads, so ``kv_a_proj_with_mqa`` and everything below it would step
+on a partial gradient (an mp=2 fleet run diverged from one process after the first step). The
+split needs an "identity forward, all-reduce backward" on ``k_rot`` (Megatron's
+copy-to-tensor-parallel-region), which the plan's styles (colwise, rowwise, vocab, shared_input,
+head_norm) cannot express yet.
 """
 
 from __future__ import annotations
@@ -26,23 +32,19 @@ def _body(model: nn.Module) -> tuple[str, DeepseekV3Model]:
 
 
 def tensor_parallel_plan(model: nn.Module) -> dict[str, str]:
-    """Attention heads, the dense layers' SwiGLU and the vocabulary across mp ranks (see the module
-    docstring). Patterns name each dense layer, so the MoE layers' shared experts, which have the
-    same names, stay replicated."""
+    """The dense layers' SwiGLU and the vocabulary across mp ranks; attention and MoE blocks
+    replicated (see the module docstring). Patterns name each dense layer, so the MoE layers'
+    shared experts, which have the same names, stay replicated."""
     body, inner = _body(model)
     prefix = f"{body}." if body else ""
     plan = {f"{prefix}embed_tokens": "vocab"}
-    q = "q_proj" if inner.config.q_lora_rank is None else "q_b_proj"
     for i, layer in enumerate(inner.layers):
-        name = f"{prefix}layers.{i}"
-        plan[f"{name}.self_attn.{q}"] = "colwise"
-        plan[f"{name}.self_attn.kv_b_proj"] = "colwise"
-        plan[f"{name}.self_attn.o_proj"] = "rowwise"
         if not isinstance(layer.mlp, MoE):
-            plan[f"{name}.mlp"] = "shared_input"
-            plan[f"{name}.mlp.gate_proj"] = "colwise"
-            plan[f"{name}.mlp.up_proj"] = "colwise"
-            plan[f"{name}.mlp.down_proj"] = "rowwise"
+            name = f"{prefix}layers.{i}.mlp"
+            plan[name] = "shared_input"
+            plan[f"{name}.gate_proj"] = "colwise"
+            plan[f"{name}.up_proj"] = "colwise"
+            plan[f"{name}.down_proj"] = "rowwise"
     if body:
         plan["lm_head"] = "vocab"
     return plan
