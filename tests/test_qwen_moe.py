@@ -311,6 +311,19 @@ def test_training_lowers_the_loss_and_the_balancing_loss_reaches_the_router(name
     assert _diff(grads[0], grads[1]) > 1e-6 and router.shape == grads[0].shape
 
 
+def test_recompute_keeps_gradients_with_the_balancing_loss():
+    from sampan.nn.recompute import apply_recompute
+
+    ids = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(3))
+    plain = _model("qwen3-moe-tiny", router_aux_loss_coef=0.05).train()
+    wrapped = _model("qwen3-moe-tiny", router_aux_loss_coef=0.05).train()
+    assert apply_recompute(wrapped, "full") == wrapped.config.num_layers
+    plain(ids, labels=ids).backward()
+    wrapped(ids, labels=ids).backward()
+    for (name, a), b in zip(plain.named_parameters(), wrapped.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-5, msg=name)
+
+
 # -- splits ---------------------------------------------------------------------------------------------------
 def test_tensor_parallel_plan_leaves_moe_blocks_whole_and_names_the_experts():
     from fnmatch import fnmatchcase
