@@ -160,6 +160,37 @@ def test_hf_settings_sampan_cannot_run_are_refused_by_name(change, message):
         qwen_hf.config_from_hf(hf)
 
 
+# The published config.json files (Qwen/Qwen3-30B-A3B, Qwen/Qwen1.5-MoE-A2.7B), as the Hub holds them.
+HUB_CONFIGS = {
+    "qwen3-30b-a3b": {
+        "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128,
+        "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 6144,
+        "max_position_embeddings": 40960, "max_window_layers": 48, "mlp_only_layers": [], "model_type": "qwen3_moe",
+        "moe_intermediate_size": 768, "norm_topk_prob": True, "num_attention_heads": 32, "num_experts": 128,
+        "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_key_value_heads": 4, "output_router_logits": False,
+        "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001,
+        "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "transformers_version": "4.51.0", "use_cache": True, "use_sliding_window": False, "vocab_size": 151936},
+    "qwen1.5-moe-a2.7b": {
+        "architectures": ["Qwen2MoeForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+        "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+        "intermediate_size": 5632, "max_position_embeddings": 8192, "max_window_layers": 21, "model_type": "qwen2_moe",
+        "num_attention_heads": 16, "num_hidden_layers": 24, "num_key_value_heads": 16, "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "transformers_version": "4.39.0.dev0", "use_cache": True, "use_sliding_window": False, "vocab_size": 151936,
+        "decoder_sparse_step": 1, "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
+        "num_experts_per_tok": 4, "num_experts": 60, "norm_topk_prob": False, "output_router_logits": False,
+        "router_aux_loss_coef": 0.001},
+}
+
+
+@pytest.mark.parametrize("name", sorted(HUB_CONFIGS))
+def test_published_config_json_reads_as_the_zoo_entry(name):
+    assert qwen_hf.config_from_hf(HUB_CONFIGS[name]) == get_config(name)
+    assert qwen_hf.head_from_hf(HUB_CONFIGS[name], set()) == "causal_lm"
+
+
 def test_hf_config_reads_transformers_5_names_and_defaults():
     saved = transformers.Qwen3MoeConfig(**HF_SHAPE, head_dim=16).to_dict()
     assert "num_local_experts" in saved  # transformers 5 writes Qwen3-MoE's expert count so
