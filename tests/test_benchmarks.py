@@ -318,3 +318,17 @@ def test_chat_sft_quick_times_equal_work(tmp_path):
     assert data["packed"]["padding_share"] < data["padded"]["padding_share"]  # packing is what removes padding
     assert all(v > 0 for v in result["real_tokens_per_s"].values())
     assert len(result["unpacked_step_time_ratio"]["per_step"]) == data["padded"]["steps"] * result["config"]["repeats"]
+
+
+@pytest.mark.timeout(300)
+def test_moe_block_quick_times_equal_work(tmp_path):
+    out = tmp_path / "moe_block.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "moe_block.py"), "--quick", "--out", str(out)],
+                   check=True, capture_output=True, text=True, timeout=280)
+    result = json.loads(out.read_text())
+    # Every side computed transformers' block (output and input gradient) before it was timed.
+    assert result["equal_work"] and set(result["shapes"]) == {"8x2", "16x4"}
+    for row in result["shapes"].values():
+        assert set(row["step_s"]) == set(result["sides"]) and all(s > 0 for s in row["step_s"].values())
+        assert max(row["max_abs_diff"].values()) <= 1e-4
+    assert result["goal"]["measured_worst"] > 0

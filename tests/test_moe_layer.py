@@ -391,6 +391,7 @@ def _expected_keep(route, capacity: int, policy: str) -> torch.Tensor:
     """For each expert, its copies ranked by weight ("probs") or by token ("position"); the first
     ``capacity`` are kept."""
     keep = torch.zeros_like(route.topk_idx, dtype=torch.bool)
+    route = type(route)(*(t.detach() for t in route))
     for e in range(8):
         copies = [(t, j) for t in range(route.topk_idx.shape[0]) for j in range(route.topk_idx.shape[1])
                   if route.topk_idx[t, j] == e]
@@ -467,7 +468,7 @@ def test_statistics_and_metrics():
     model(x)
     model(x)
     metrics = moe_metrics(model)
-    for name, block in moe_blocks(model):
+    for _, block in moe_blocks(model):
         assert float(block.tokens_per_expert.sum()) == 2 * 10 * 2  # two calls, 10 tokens, k = 2
     loads = [b.tokens_per_expert for _, b in moe_blocks(model)]
     expected = [float(load.max() / load.mean()) for load in loads]

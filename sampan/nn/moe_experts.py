@@ -31,9 +31,11 @@ class GroupedExperts(Layer):
     * ``padded``: the copies are scattered into an ``[E, max_count, h]`` buffer and run as two
       batched matmuls. It reads ``max_count`` from the counts, one host sync per call.
 
-    ``backend`` (attribute, default "auto") picks: "auto" uses ``grouped_mm`` where it works and
-    ``padded`` elsewhere; set "grouped_mm" or "padded" to force one (forcing ``grouped_mm`` where
-    it cannot run raises).
+    ``backend`` (attribute, default "auto") picks: "auto" uses ``grouped_mm`` on accelerators
+    where it works and ``padded`` elsewhere, the CPU included: torch 2.13's CPU ``_grouped_mm``
+    took 2-4x the padded path's time for forward + backward at 16-64 experts, h 512, f 256, 2,048
+    tokens (``benchmarks/moe_block.py`` records both). Set "grouped_mm" or "padded" to force one
+    (forcing ``grouped_mm`` where it cannot run raises).
     """
 
     def __init__(self, config: MoEConfig):
@@ -64,7 +66,8 @@ class GroupedExperts(Layer):
             raise ValueError(f"num_tokens_per_expert has {num_tokens_per_expert.shape[0]} entries but this "
                              f"module holds {self.num_local_experts} experts")
         x = x.contiguous()
-        use_grouped = self.backend == "grouped_mm" or (self.backend == "auto" and self.grouped_mm_fits(x))
+        use_grouped = self.backend == "grouped_mm" or (
+            self.backend == "auto" and x.device.type != "cpu" and self.grouped_mm_fits(x))
         if use_grouped:
             out = self._grouped_mm(x, num_tokens_per_expert)
         else:
@@ -90,7 +93,13 @@ class GroupedExperts(Layer):
 
     def _padded(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         e, n = self.num_local_experts, x.shape[0]
-        expert_of_row = torch.repeat_interleave(torch.arange(e, device=x.device), counts, output_size=n)
+        if torch.compiler.is_exporting():
+            # ONNX has no repeat_interleave with a tensor of repeats: a row's expert is the number
+            # of expert ends at or before it (the same numbers, [N, E] comparisons).
+            ends = torch.cumsum(counts, dim=0)
+            expert_of_row = (torch.arange(n, device=x.device).unsqueeze(1) >= ends).sum(dim=1)
+        else:
+            expert_of_row = torch.repeat_interleave(torch.arange(e, device=x.device), counts, output_size=n)
         starts = torch.cumsum(counts, dim=0) - counts
         slot = torch.arange(n, device=x.device) - starts[expert_of_row]
         # The one host sync of this path. Under torch.export it is an unbacked size, bounded here.
