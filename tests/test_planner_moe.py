@@ -84,15 +84,20 @@ def test_deepseek_v3_shape_is_the_published_model():
     ("ernie4.5-moe-tiny", "none", "O2"), ("qwen2-moe-tiny", "none", "O1"), ("deepseek-v3-tiny", "full", "O2")])
 def test_moe_activation_bytes_match_a_fresh_measurement(name, mode, precision):
     """What sampan.nn.MoE blocks (and the dense blocks beside them) save for backward, against the
-    planner's per-block bytes (load factor 1: one process runs every routed copy). DeepSeek-V3 is
+    planner's per-block bytes (load factor 1: one process runs every routed copy), with the experts on
+    torch._grouped_mm as on a GPU (on the CPU GroupedExperts defaults to a padded bmm). DeepSeek-V3 is
     checked with full recompute only: on the CPU its MLA attention (query/key 24 wide, values 16)
     takes SDPA's math kernel, which keeps the fp32 score matrix a GPU's attention kernel does not."""
     from sampan.models import create
+    from sampan.nn.moe_experts import GroupedExperts
     from sampan.nn.recompute import apply_recompute
 
     torch.manual_seed(0)
     b, s = 3, 40
     model = create(name)
+    for module in model.modules():  # the GPU's path: the CPU's default pads every expert to the busiest
+        if isinstance(module, GroupedExperts):
+            module.backend = "grouped_mm"
     if precision == "O2":
         model = model.to(torch.bfloat16)
     apply_recompute(model, mode)
