@@ -104,8 +104,12 @@ class MoE(Layer):
                 # Dropped copies sort after every expert's (key E) and are cut off below.
                 flat = torch.where(keep, flat, self.num_experts)
                 dropped = (~keep).sum()
-            # Stable: inside one expert the copies stay in token order.
-            order = torch.argsort(flat, stable=True)
+            # Stable: inside one expert the copies stay in token order. ONNX has no stable sort, so
+            # under export the keys are made unique by the copy's position and sorted plainly.
+            if torch.compiler.is_exporting():
+                order = torch.argsort(flat * flat.shape[0] + torch.arange(flat.shape[0], device=flat.device))
+            else:
+                order = torch.argsort(flat, stable=True)
             counts = torch.zeros(self.num_experts + 1, device=flat.device, dtype=torch.long).scatter_add_(
                 0, flat, torch.ones_like(flat))[: self.num_experts]
             if dropped is not None:
