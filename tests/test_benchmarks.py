@@ -321,6 +321,21 @@ def test_chat_sft_quick_times_equal_work(tmp_path):
 
 
 @pytest.mark.timeout(300)
+def test_moe_step_quick_compares_equal_active_parameters(tmp_path):
+    out = tmp_path / "moe_step.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "moe_step.py"), "--quick", "--out", str(out)],
+                   check=True, capture_output=True, text=True, timeout=280)
+    result = json.loads(out.read_text())
+    # Equal work per token: the MoE model's active parameters are the dense model's plus its routers'.
+    params = result["params"]
+    assert params["moe_active"] == params["dense"] + params["routers"] < params["moe_total"]
+    assert result["moe"]["median_step_s"] > 0 and result["dense"]["median_step_s"] > 0
+    parts = result["breakdown"]["moe"]["parts_s"]
+    assert set(parts) == {"router", "expert_gemms", "permute_combine", "attention", "optimizer", "rest"}
+    assert all(parts[k] > 0 for k in ("router", "expert_gemms", "attention", "optimizer"))
+
+
+@pytest.mark.timeout(300)
 def test_moe_block_quick_times_equal_work(tmp_path):
     out = tmp_path / "moe_block.json"
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "moe_block.py"), "--quick", "--out", str(out)],
