@@ -145,6 +145,11 @@ def test_hf_config_refusals_and_defaults():
     config = ernie_hf.config_from_hf(base)  # transformers' defaults for what the file leaves out
     assert (config.moe_num_shared_experts, config.moe_layer_start_index, config.rope_theta) == (2, 1, 500000.0)
     assert config.head_dim == 8 and config.tie_word_embeddings and config.eos_token_id == 2
+    nulls = ernie_hf.config_from_hf({**base, "num_key_value_heads": None, "pad_token_id": None, "use_bias": None})
+    assert (nulls.num_kv_heads, nulls.pad_token_id, nulls.bos_token_id, nulls.use_bias) == (4, None, 1, False)
+    bare = ernie_hf.config_from_hf({"model_type": "ernie4_5_moe"})  # every key left out: the 21B's shape
+    assert bare.num_parameters() == get_config("ernie4.5-21b-a3b").num_parameters()
+    assert ernie_hf.config_from_hf({"model_type": "ernie4_5"}) == get_config("ernie4.5-0.3b")
     dense = ernie_hf.config_from_hf({**base, "model_type": "ernie4_5"})
     assert dense.head_dim == 128 and not dense.is_moe  # Ernie4_5Config's default head_dim
     with pytest.raises(ValueError, match="use_rmsnorm=false"):

@@ -58,6 +58,9 @@ MOE_FIELDS = {
 }
 # transformers' defaults for keys a config.json may leave out (they differ from a plain None).
 HF_DEFAULTS = {"tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+# Ernie4_5_MoeConfig's shape defaults where they differ from Ernie4_5Config's (which are sampan's).
+MOE_SHAPE_DEFAULTS = {"hidden_size": 2560, "intermediate_size": 12288, "num_layers": 28, "num_heads": 20,
+                      "num_kv_heads": 4}
 # transformers' attribute_map aliases of MoE keys.
 MOE_ALIASES = {"num_experts": "moe_num_experts", "num_experts_per_tok": "moe_k"}
 DEFAULT_THETA = 500000.0
@@ -94,9 +97,15 @@ def config_from_hf(hf: Mapping[str, Any]) -> Ernie4_5Config:
         raise ValueError("use_rmsnorm=false is not supported: ERNIE 4.5's norms are RMSNorms in sampan and in "
                          "transformers (which ignores the key); every published ERNIE 4.5 model sets it true")
     hf = {**hf, **{ours: hf[alias] for alias, ours in MOE_ALIASES.items() if alias in hf and ours not in hf}}
-    fields: dict[str, Any] = {ours: hf[theirs] for theirs, ours in CONFIG_FIELDS.items() if theirs in hf}
-    for key, value in HF_DEFAULTS.items():
-        fields.setdefault(key, value)
+    # An absent key takes transformers' default for the architecture (the 0.3B's or the 21B's
+    # shape); a null one too, except the special ids (null: none) and num_key_value_heads (null:
+    # num_attention_heads).
+    fields: dict[str, Any] = {ours: hf[theirs] for theirs, ours in CONFIG_FIELDS.items() if hf.get(theirs) is not None}
+    if "num_key_value_heads" in hf and hf["num_key_value_heads"] is None:
+        fields["num_kv_heads"] = 0
+    defaults = {**HF_DEFAULTS, **(MOE_SHAPE_DEFAULTS if model_type == MOE else {})}
+    for key, value in defaults.items():
+        fields.setdefault(key, None if key.endswith("_token_id") and key in hf else value)
     fields.setdefault("use_bias", False)
     fields["use_bias"] = bool(fields["use_bias"])
     if "head_dim" in hf:
