@@ -54,8 +54,13 @@ BAD_RECORDS_FILE = "bad_records.jsonl"  # a chat / DPO run's skipped records, in
 # Per family (``ModelSpec.family``): LoRA's default targets (attention), the MLP projections LoRA
 # may add, and where bottleneck adapters go (attention output, MLP output).
 ATTENTION_TARGETS = {"llama": ("q_proj", "k_proj", "v_proj", "o_proj"),
-                     "gpt": ("q_proj", "k_proj", "v_proj", "out_proj")}
-MLP_TARGETS = {"llama": ("gate_proj", "up_proj", "down_proj"), "gpt": ("fc1", "fc2")}
+                     "gpt": ("q_proj", "k_proj", "v_proj", "out_proj"),
+                     "qwen_moe": ("q_proj", "k_proj", "v_proj", "o_proj"),
+                     "ernie4_5": ("q_proj", "k_proj", "v_proj", "o_proj"),
+                     "deepseek_v3": ("q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")}
+# MoE families: "experts" is LoRA on the routed experts' stacked weights (sampan.finetune.lora.LoRAExperts).
+MLP_TARGETS = {"llama": ("gate_proj", "up_proj", "down_proj"), "gpt": ("fc1", "fc2"),
+               **dict.fromkeys(("qwen_moe", "ernie4_5", "deepseek_v3"), ("gate_proj", "up_proj", "down_proj", "experts"))}
 ADAPTER_POINTS = {"llama": ("o_proj", "down_proj"), "gpt": ("out_proj", "fc2")}
 
 

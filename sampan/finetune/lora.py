@@ -235,7 +235,7 @@ def apply_lora(model: nn.Module, targets: Sequence[str], rank: int, alpha: float
              if type(module) is nn.Linear and name.startswith(within) and name.rpartition(".")[2] in wanted]
     experts = [name for name, module in model.named_modules()
                if type(module) is GroupedExperts and name.startswith(within)] if expert_params else []
-    if expert_params and not experts:
+    if expert_params and not experts and not names:  # a dense model of an MoE family: its MLP targets do
         raise ValueError(f"LoRA target(s) {sorted(wanted & set(EXPERT_TARGETS))} name routed experts, but "
                          f"{type(model).__name__} has no MoE block under {within!r}")
     if expert_params and dropout > 0:

@@ -1,0 +1,163 @@
+"""MoE models through the product paths: LoRA saved as a peft adapter (attention, dense / shared
+MLPs and the routed experts' stacked weights), export to prefill + decode graphs, and generation.
+
+LoRA: each MoE family's tiny model (Qwen3-MoE, Qwen2-MoE with its gated shared expert, ERNIE 4.5,
+DeepSeek-V3 with MLA) gets LoRA with random updates, is saved as a peft adapter over its HF export,
+and ``transformers`` + ``peft`` 0.21 must give sampan's logits (1e-4) and, merged, the same
+expert weights as sampan's merge. Export: a random transformers Qwen3-MoE (1 layer) is exported
+(full-window + prefill + decode graphs, each checked against eager by the export itself) and its
+greedy tokens through ONNX Runtime and the .pt2 must equal eager generate with and without the
+KV cache and transformers' generate. Cost: ~25 s LoRA, ~60 s export (three graphs through the
+ONNX exporter) on 2 cores.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+from sampan.finetune.lora import LoRAExperts, apply_lora, merge_lora
+from sampan.finetune.peft_format import load_peft_adapter, save_peft_adapter, without_lora
+from sampan.models.registry import create
+
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+transformers.logging.set_verbosity_error()
+
+ATTENTION = {"deepseek-v3-tiny": ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]}
+QWEN_ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
+# Qwen2-MoE also takes its dense MLP and shared expert (peft does not rewrite qwen2_moe configs).
+MLP = {"qwen2-moe-tiny": ["gate_proj", "up_proj", "down_proj"]}
+
+
+def _randomise_updates(model, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.05)
+
+
+@pytest.mark.parametrize("name", ["qwen3-moe-tiny", "qwen2-moe-tiny", "ernie4.5-moe-tiny", "deepseek-v3-tiny"])
+def test_lora_on_attention_and_experts_runs_in_peft_with_sampans_logits(name, tmp_path):
+    torch.manual_seed(0)
+    model = create(name, vocab_size=96).eval()
+    model.requires_grad_(False)
+    targets = ATTENTION.get(name, QWEN_ATTENTION) + MLP.get(name, []) + ["experts"]
+    names = apply_lora(model, targets, rank=2, alpha=4, within="")
+    experts = [n for n in names if n.endswith(".experts")]
+    assert experts and all(isinstance(model.get_submodule(n), LoRAExperts) for n in experts)
+    _randomise_updates(model, seed=1)
+    save_peft_adapter(model, tmp_path / "adapter", base_dir=tmp_path / "base")
+
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert config["target_parameters"] == sorted(f"{n}.{p}" for n in experts for p in ("gate_up_proj", "down_proj"))
+    ids = torch.randint(0, 96, (2, 10), generator=torch.Generator().manual_seed(2))
+    base = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base")
+    peft_model = peft.PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
+    with torch.no_grad():
+        ours = model(ids)
+        assert (peft_model(input_ids=ids).logits - ours).abs().max().item() < 1e-4
+        with without_lora(model):  # the update is real
+            assert (model(ids) - ours).abs().max().item() > 1e-3
+        merged_hf = peft_model.merge_and_unload()
+        assert (merged_hf(input_ids=ids).logits - ours).abs().max().item() < 1e-4
+        merged = copy.deepcopy(model)
+        assert merge_lora(merged) == len(names)
+        assert (merged(ids) - ours).abs().max().item() < 1e-5
+        theirs = merged_hf.state_dict()
+        for n in experts:
+            for param in ("gate_up_proj", "down_proj"):
+                key = f"{n}.{param}"
+                torch.testing.assert_close(merged.state_dict()[key], theirs[key], rtol=0, atol=1e-6)
+    # And back: a fresh model with the same LoRA layout reads the adapter to the same logits.
+    fresh = create(name, vocab_size=96).eval()
+    fresh.load_state_dict({k: v for k, v in model.state_dict().items() if ".lora_" not in k}, strict=False)
+    apply_lora(fresh, targets, rank=2, alpha=4, within="")
+    assert load_peft_adapter(fresh, tmp_path / "adapter") == len(names)
+    with torch.no_grad():
+        assert (fresh(ids) - ours).abs().max().item() < 1e-6
+
+
+def test_lora_on_experts_only_and_refusals():
+    torch.manual_seed(0)
+    model = create("qwen3-moe-tiny", vocab_size=96)
+    model.requires_grad_(False)
+    with pytest.raises(ValueError, match="no dropout"):
+        apply_lora(model, ["experts"], rank=2, alpha=4, dropout=0.1, within="")
+    names = apply_lora(model, ["experts.down_proj"], rank=2, alpha=4, within="")
+    layer = model.get_submodule(names[0])
+    assert layer.adapted_params == ("down_proj",) and not any("gate_up_proj" in k for k in layer.lora_A)
+    # Only the factors train; the base names stay, so a base checkpoint loads unchanged.
+    trainable = sorted(n for n, p in model.named_parameters() if p.requires_grad)
+    assert trainable == sorted(f"{n}.lora_{ab}.down_proj" for n in names for ab in "AB")
+    assert f"{names[0]}.down_proj" in model.state_dict()
+    dense = create("qwen3-tiny", vocab_size=96)
+    with pytest.raises(ValueError, match="no MoE block"):
+        apply_lora(dense, ["experts"], rank=2, alpha=4, within="")
+
+
+def test_lora_on_mlp_projections_peft_would_misread_is_refused(tmp_path):
+    # peft 0.21 rewrites target_modules named gate_proj / up_proj / down_proj on transformers 5's
+    # qwen3_moe into the routed experts: an adapter on the dense MLP would load onto the experts.
+    model = create("qwen3-moe-tiny", vocab_size=96)
+    model.requires_grad_(False)
+    apply_lora(model, ["q_proj", "down_proj"], rank=2, alpha=4, within="")
+    with pytest.raises(ValueError, match="peft 0.21 reads target modules named gate_proj"):
+        save_peft_adapter(model, tmp_path / "adapter")
+    assert not (tmp_path / "adapter").exists()
+
+
+VOCAB = 96
+PROMPTS = [[5, 17, 33, 2, 90, 11, 7], [44, 12, 9]]  # unequal: the second is left-padded
+NEW_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def qwen3_moe(tmp_path_factory):
+    """A random transformers Qwen3-MoE (weights perturbed so greedy decoding wanders), sampan's
+    twin from the HF loader, and its export (full-window + prefill + decode graphs)."""
+    from sampan.inference import export_pretrained
+    from sampan.models import from_pretrained
+
+    root = tmp_path_factory.mktemp("moe-export")
+    config = transformers.Qwen3MoeConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                                         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                         num_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
+                                         tie_word_embeddings=False, eos_token_id=None)
+    torch.manual_seed(0)
+    hf = transformers.Qwen3MoeForCausalLM(config).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    hf.save_pretrained(root / "hf")
+    ours = from_pretrained(root / "hf").eval()
+    export = export_pretrained(ours, root / "export", task="text_generation")
+    return {"hf": hf, "ours": ours, "dir": export}
+
+
+def test_moe_export_has_onnx_decode_graphs_whose_greedy_tokens_equal_eager_and_transformers(qwen3_moe):
+    from sampan.inference import Config, Generator, create_generator
+
+    top = json.loads((qwen3_moe["dir"] / "inference.json").read_text())
+    assert top["decode_graphs"]["num_layers"] == 1
+    for sub in (".", "prefill", "decode"):
+        assert (qwen3_moe["dir"] / sub / "inference.onnx").is_file(), sub  # ONNX, not only the .pt2
+        assert json.loads((qwen3_moe["dir"] / sub / "inference.json").read_text())["onnx_error"] is None
+    width = max(len(p) for p in PROMPTS)
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in PROMPTS])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in PROMPTS])
+    want = qwen3_moe["hf"].generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False,
+                                    pad_token_id=0)[:, width:].tolist()
+    assert len(set(want[0])) >= 6 and want[0] != want[1]  # a path that moves, so equality means something
+    for use_cache in (True, False):
+        eager = qwen3_moe["ours"].generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, use_cache=use_cache)
+        assert eager[:, width:].tolist() == want, f"use_cache={use_cache}"
+    runs = {"onnxruntime": create_generator(Config(qwen3_moe["dir"])),
+            "torch": create_generator(Config(qwen3_moe["dir"], backend="torch")),
+            "eager": Generator.from_model(qwen3_moe["ours"])}
+    for backend, generator in runs.items():
+        assert [o.token_ids for o in generator.generate(PROMPTS, max_tokens=NEW_TOKENS)] == want, backend
