@@ -489,3 +489,16 @@ def test_dropless_block_exports_without_data_dependent_branches():
     program = torch.export.export(block, (x,))
     y = torch.randn(2, 5, H)
     torch.testing.assert_close(program.module()(y), block(y), atol=1e-5, rtol=1e-5)
+
+
+def test_a_bf16_block_routes_in_fp32_and_stays_close_to_fp32():
+    block = _block(shared_intermediate_size=F_EXPERT)
+    x = torch.randn(2, 5, H, generator=torch.Generator().manual_seed(5))  # no near-tied choices
+    ref = block(x)
+    low = MoE(block.config).to(torch.bfloat16)
+    low.load_state_dict(block.state_dict())
+    route = low.gate(x.reshape(-1, H).bfloat16())
+    assert route.scores.dtype == route.topk_weight.dtype == torch.float32
+    out = low(x.bfloat16())
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref, atol=3e-2, rtol=3e-2)
