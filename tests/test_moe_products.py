@@ -7,7 +7,7 @@ and ``transformers`` + ``peft`` 0.21 must give sampan's logits (1e-4) and, merge
 expert weights as sampan's merge. Export: a random transformers Qwen3-MoE (1 layer) is exported
 (full-window + prefill + decode graphs, each checked against eager by the export itself) and its
 greedy tokens through ONNX Runtime and the .pt2 must equal eager generate with and without the
-KV cache and transformers' generate. Cost: ~25 s LoRA, ~60 s export (three graphs through the
+KV cache and transformers' generate. Cost: ~10 s LoRA, ~10 s chat fine-tune, ~90 s export (three graphs through the
 ONNX exporter) on 2 cores.
 """
 
@@ -135,7 +135,9 @@ def qwen3_moe(tmp_path_factory):
             p.add_(0.2 * torch.randn_like(p))
     hf.save_pretrained(root / "hf")
     ours = from_pretrained(root / "hf").eval()
-    export = export_pretrained(ours, root / "export", task="text_generation")
+    # verify=False: the test below checks the graphs' tokens on both backends itself (the export's
+    # own check would run them once more, ~20 s).
+    export = export_pretrained(ours, root / "export", task="text_generation", verify=False)
     return {"hf": hf, "ours": ours, "dir": export}
 
 
@@ -161,3 +163,59 @@ def test_moe_export_has_onnx_decode_graphs_whose_greedy_tokens_equal_eager_and_t
             "eager": Generator.from_model(qwen3_moe["ours"])}
     for backend, generator in runs.items():
         assert [o.token_ids for o in generator.generate(PROMPTS, max_tokens=NEW_TOKENS)] == want, backend
+
+
+CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_chat_lora_fine_tune_on_attention_and_experts_writes_an_adapter_peft_loads(tmp_path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from sampan.finetune import FinetuneConfig, finetune
+    from sampan.finetune.causal_lm import load_chat_model
+
+    base = tmp_path / "base"
+    base.mkdir()
+    words = ["你好", "谢谢", "天气", "很好", "房间", "干净", "服务", "不错"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(words * 4 + ["system user assistant"], trainers.BpeTrainer(
+        vocab_size=200, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.save(str(base / "tokenizer.json"))
+    (base / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "Qwen2Tokenizer", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+        "chat_template": CHATML}))
+    config = transformers.Qwen3MoeConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64,
+                                         moe_intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
+                                         num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=2,
+                                         max_position_embeddings=256, tie_word_embeddings=False, eos_token_id=2,
+                                         pad_token_id=0)
+    torch.manual_seed(0)
+    transformers.Qwen3MoeForCausalLM(config).save_pretrained(base)
+    data = tmp_path / "chats.jsonl"
+    rows = [{"messages": [{"role": "user", "content": a + b}, {"role": "assistant", "content": b + a}]}
+            for a in words for b in words]
+    data.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n", encoding="utf-8")
+    out = tmp_path / "lora"
+    result = finetune(FinetuneConfig(
+        task="chat", model=str(base), data=str(data), method="lora", lora_rank=4, lora_targets=["attention", "experts"],
+        max_length=64, training={"output_dir": str(out), "max_steps": 4, "per_device_train_batch_size": 8,
+                                 "learning_rate": 1e-2, "lr_scheduler": "constant", "progress_bar": False,
+                                 "tensorboard": False}))
+    assert result.metrics["loss"] < result.initial_dev_metrics["loss"]
+    adapter = json.loads((out / "adapter" / "adapter_config.json").read_text())
+    assert adapter["target_parameters"] and all(t.startswith("model.layers.") for t in adapter["target_parameters"])
+    model, tokenizer, meta = load_chat_model(out)
+    assert meta["method"] == "lora" and "experts" in meta["method_args"]["lora_targets"]
+    ids = torch.tensor([tokenizer.apply_chat_template([{"role": "user", "content": "房间干净"}],
+                                                      add_generation_prompt=True)])
+    with torch.no_grad():
+        ours = model(ids)
+        peft_model = peft.PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(base),
+                                                    out / "adapter").eval()
+        assert (peft_model(input_ids=ids).logits - ours).abs().max().item() < 1e-4
+        merged_hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()  # merged weights, HF format
+        assert (merged_hf(input_ids=ids).logits - ours).abs().max().item() < 1e-4
