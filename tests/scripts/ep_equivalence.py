@@ -70,6 +70,9 @@ class MoEDecoder(torch.nn.Module):
         self.head = torch.nn.Linear(HIDDEN, VOCAB)
         with torch.no_grad():
             for _, block in moe_blocks(self):
+                # Experts far from zero: their outputs must weigh in the loss, or a token's result
+                # sent to the wrong rank would move it by only ~1e-5.
+                block.experts.reset_parameters(std=0.3)
                 block.gate.e_score_correction_bias[0] = SKEW
 
     def forward(self, input_ids, labels=None):
@@ -163,10 +166,10 @@ def main() -> None:
 
     torch.manual_seed(0)
     model = MoEDecoder()
-    # epsilon 1e-6, not 1e-8: AdamW moves a weight whose gradient is ~1e-8 by a whole step of either
+    # epsilon 1e-5, not 1e-8: AdamW moves a weight whose gradient is ~1e-8 by a whole step of either
     # sign, so summation-order noise there would decide it (1.5e-5 apart after 5 steps, measured).
-    optimizer = sampan.optimizer.AdamW(learning_rate=1e-2, parameters=model.parameters(), weight_decay=0.01,
-                                       epsilon=1e-6, grad_clip=sampan.nn.ClipGradByGlobalNorm(1.0))
+    optimizer = sampan.optimizer.AdamW(learning_rate=3e-3, parameters=model.parameters(), weight_decay=0.01,
+                                       epsilon=1e-5, grad_clip=sampan.nn.ClipGradByGlobalNorm(1.0))
     use_fleet = "RANK" in os.environ
     steps = list(batches())
     losses, imbalances, first, ranks = [], [], 0, None
