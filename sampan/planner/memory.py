@@ -93,17 +93,36 @@ def stage_layer_ids(model: ModelShape, layout: Layout, stage: int) -> list[int]:
     return [i for c in range(stage, layout.pp * layout.vpp, layout.pp) for i in chunk_layer_ids(model, layout, c)]
 
 
-def _moe_count(model: ModelShape, ids) -> int:
-    """How many of the layers ``ids`` are MoE blocks."""
-    moe = model.moe_layer_ids
-    return sum(1 for i in ids if i in moe) if moe else 0
+@functools.lru_cache(maxsize=4096)  # the search asks for the same few splits hundreds of thousands of times
+def _chunk_moe_counts(layers: int, moe_layers: tuple[int, ...], chunks: int) -> tuple[tuple[int, int], ...]:
+    """Per pipeline chunk, ``(layers, MoE layers)`` as fleet cuts ``layers`` into ``chunks``."""
+    moe = set(moe_layers)
+    base, extra = divmod(layers, chunks)
+    out, start = [], 0
+    for c in range(chunks):
+        n = base + (c < extra)
+        out.append((n, sum(1 for i in range(start, start + n) if i in moe)))
+        start += n
+    return tuple(out)
 
 
-def _blocks_params(model: ModelShape, layout: Layout, ids) -> float:
-    """The non-expert parameters of the blocks ``ids`` on one tensor-parallel rank."""
-    n_moe = _moe_count(model, ids)
-    n_dense = len(ids) - n_moe
-    total = n_dense * model.layer_params_per_mp(layout.mp)
+def chunk_layer_counts(model: ModelShape, layout: Layout, chunk: int) -> tuple[int, int]:
+    """``(layers, MoE layers)`` of pipeline chunk ``chunk``."""
+    moe = model.moe.moe_layers if model.moe is not None else ()
+    return _chunk_moe_counts(model.layers, moe, layout.pp * layout.vpp)[chunk]
+
+
+def stage_layer_counts(model: ModelShape, layout: Layout, stage: int) -> tuple[int, int]:
+    """``(layers, MoE layers)`` pipeline rank ``stage`` holds (its chunks ``stage, stage + pp, ...``)."""
+    moe = model.moe.moe_layers if model.moe is not None else ()
+    counts = _chunk_moe_counts(model.layers, moe, layout.pp * layout.vpp)[stage::layout.pp]
+    return sum(n for n, _ in counts), sum(m for _, m in counts)
+
+
+def _blocks_params(model: ModelShape, layout: Layout, counts: tuple[int, int]) -> float:
+    """The non-expert parameters of ``counts = (layers, MoE layers)`` blocks on one tensor-parallel rank."""
+    layers, n_moe = counts
+    total = (layers - n_moe) * model.layer_params_per_mp(layout.mp)
     return total + n_moe * model.moe_layer_params_per_mp(layout.mp) if n_moe else total
 
 
@@ -122,7 +141,7 @@ def stage_params(model: ModelShape, layout: Layout, stage: int) -> float:
     if model.moe is None:
         total = stage_layers(model, layout, stage) * model.layer_params_per_mp(mp)
     else:
-        total = _blocks_params(model, layout, stage_layer_ids(model, layout, stage))
+        total = _blocks_params(model, layout, stage_layer_counts(model, layout, stage))
     if stage == 0:
         total += vocab * model.hidden / mp + model.learned_positions * model.hidden
     if stage == pp - 1:
@@ -137,7 +156,7 @@ def stage_expert_params(model: ModelShape, layout: Layout, stage: int) -> float:
     MoE blocks (whole on every tensor-parallel rank); 0 for a dense model."""
     if model.moe is None:
         return 0.0
-    return _moe_count(model, stage_layer_ids(model, layout, stage)) * model.local_expert_params(layout.ep)
+    return stage_layer_counts(model, layout, stage)[1] * model.local_expert_params(layout.ep)
 
 
 def _unit_params(model: ModelShape, layout: Layout) -> float:
@@ -459,7 +478,7 @@ def chunk_params(model: ModelShape, layout: Layout, chunk: int) -> float:
     if model.moe is None:
         total = (base + (chunk < extra)) * model.layer_params_per_mp(layout.mp)
     else:
-        total = _blocks_params(model, layout, chunk_layer_ids(model, layout, chunk))
+        total = _blocks_params(model, layout, chunk_layer_counts(model, layout, chunk))
     if chunk == 0:
         total += vocab * model.hidden / layout.mp + model.learned_positions * model.hidden
     if chunk == chunks - 1:
@@ -473,7 +492,7 @@ def chunk_expert_params(model: ModelShape, layout: Layout, chunk: int) -> float:
     """Routed-expert parameters of pipeline chunk ``chunk`` on one expert-parallel rank."""
     if model.moe is None:
         return 0.0
-    return _moe_count(model, chunk_layer_ids(model, layout, chunk)) * model.local_expert_params(layout.ep)
+    return chunk_layer_counts(model, layout, chunk)[1] * model.local_expert_params(layout.ep)
 
 
 def _in_flight_bytes(model: ModelShape, layout: Layout, work: Workload, stage: int, grad_bytes: float,
@@ -507,7 +526,7 @@ def _in_flight_bytes(model: ModelShape, layout: Layout, work: Workload, stage: i
             accumulating.append(grad_bytes * q)
             reduced.append(reduced_bytes * q)
         else:
-            n_moe = _moe_count(model, chunk_layer_ids(model, layout, c))
+            n_moe = chunk_layer_counts(model, layout, c)[1]
             weights.append((layers - n_moe) * per_layer + n_moe * per_moe - (c != 0) * alias + out)
             experts = chunk_expert_params(model, layout, c)
             accumulating.append(grad_bytes * (q + experts))

@@ -57,7 +57,7 @@ from sampan.planner.memory import (
     boundary_bytes,
     offloaded_input_bytes,
     stage_expert_params,
-    stage_layer_ids,
+    stage_layer_counts,
     stage_params,
     state_bytes,
     tokens_per_rank,
@@ -243,10 +243,8 @@ def _stage_compute(model: ModelShape, layout: Layout, work: Workload, hw: Hardwa
     ``attention``: the score and value products' FLOPs per token and layer (causal halving applied)."""
     t, h = layout.mp, model.hidden
     tokens = tokens_per_rank(layout, work)
-    ids = stage_layer_ids(model, layout, stage)
-    moe_ids = model.moe_layer_ids
-    n_moe = sum(1 for i in ids if i in moe_ids)
-    n_dense = len(ids) - n_moe
+    layers, n_moe = stage_layer_counts(model, layout, stage)
+    n_dense = layers - n_moe
     # Per token: the GEMMs FP8 may take (linear layers) and what stays bf16 (attention, router, head).
     dense_linear = 6 * model.layer_params * tokens / t
     dense_other = attention * tokens / t
