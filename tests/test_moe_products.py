@@ -4,11 +4,16 @@ MLPs and the routed experts' stacked weights), export to prefill + decode graphs
 LoRA: each MoE family's tiny model (Qwen3-MoE, Qwen2-MoE with its gated shared expert, ERNIE 4.5,
 DeepSeek-V3 with MLA) gets LoRA with random updates, is saved as a peft adapter over its HF export,
 and ``transformers`` + ``peft`` 0.21 must give sampan's logits (1e-4) and, merged, the same
-expert weights as sampan's merge. Export: a random transformers Qwen3-MoE (1 layer) is exported
-(full-window + prefill + decode graphs, each checked against eager by the export itself) and its
+expert weights as sampan's merge; a chat LoRA fine-tune of a tiny Qwen3-MoE on attention and
+experts writes an adapter peft loads to the fine-tuned logits. Export: a random transformers
+Qwen3-MoE (1 layer) is exported (full-window + prefill + decode graphs, ONNX and .pt2) and its
 greedy tokens through ONNX Runtime and the .pt2 must equal eager generate with and without the
-KV cache and transformers' generate. Cost: ~10 s LoRA, ~10 s chat fine-tune, ~90 s export (three graphs through the
-ONNX exporter) on 2 cores.
+KV cache and transformers' generate; Taskflow's text_generation on that export continues a text
+with eager's greedy tokens; `sampan serve` on a tiny Qwen3-MoE chat model answers
+/v1/chat/completions with eager's greedy reply.
+
+Cost on 2 cores (measured: 92 s for the file): the export ~45 s and generation on it ~17 s,
+serving ~17 s (a server process), LoRA and the chat fine-tune ~5 s.
 """
 
 from __future__ import annotations
@@ -122,6 +127,9 @@ def qwen3_moe(tmp_path_factory):
     twin from the HF loader, and its export (full-window + prefill + decode graphs)."""
     from sampan.inference import export_pretrained
     from sampan.models import from_pretrained
+    from sampan.taskflow import runtime
+    from sampan.text.tokenizer import ChineseTokenizer
+    from sampan.utils.paths import cache_dir
 
     root = tmp_path_factory.mktemp("moe-export")
     config = transformers.Qwen3MoeConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
@@ -134,11 +142,18 @@ def qwen3_moe(tmp_path_factory):
         for p in hf.parameters():
             p.add_(0.2 * torch.randn_like(p))
     hf.save_pretrained(root / "hf")
+    # Taskflow's text_generation reads sampan's character tokenizer ([CLS] prompt, [SEP] ends).
+    ChineseTokenizer.train(["话说天下大势分久必合合久必分周末七国分争并入于秦"] * 2, vocab_size=VOCAB,
+                           min_frequency=1).save(root / "hf" / "tokenizer.json")
     ours = from_pretrained(root / "hf").eval()
-    # verify=False: the test below checks the graphs' tokens on both backends itself (the export's
-    # own check would run them once more, ~20 s).
-    export = export_pretrained(ours, root / "export", task="text_generation", verify=False)
-    return {"hf": hf, "ours": ours, "dir": export}
+    # Exported once, where Taskflow's runtime looks for its export of this directory (its cache,
+    # here under tmp). verify=False: the tokens test checks the graphs on both backends itself
+    # (the export's own check would run them all once more, ~50 s).
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SAMPAN_CACHE", str(root / "cache"))
+        target = cache_dir("inference", f"{root.joinpath('hf').name}-{runtime._digest(root / 'hf')}")
+        export = export_pretrained(ours, target, task="text_generation", verify=False)
+    return {"hf": hf, "ours": ours, "dir": export, "model_dir": root / "hf", "cache": root / "cache"}
 
 
 def test_moe_export_has_onnx_decode_graphs_whose_greedy_tokens_equal_eager_and_transformers(qwen3_moe):
@@ -169,19 +184,19 @@ CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ me
           "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def test_chat_lora_fine_tune_on_attention_and_experts_writes_an_adapter_peft_loads(tmp_path):
+WORDS = ["你好", "谢谢", "天气", "很好", "房间", "干净", "服务", "不错"]
+
+
+@pytest.fixture(scope="module")
+def chat_moe(tmp_path_factory):
+    """A tiny random transformers Qwen3-MoE with a byte-level BPE tokenizer and a ChatML template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from sampan.finetune import FinetuneConfig, finetune
-    from sampan.finetune.causal_lm import load_chat_model
-
-    base = tmp_path / "base"
-    base.mkdir()
-    words = ["你好", "谢谢", "天气", "很好", "房间", "干净", "服务", "不错"]
+    base = tmp_path_factory.mktemp("chat-moe")
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(words * 4 + ["system user assistant"], trainers.BpeTrainer(
+    tok.train_from_iterator(WORDS * 4 + ["system user assistant"], trainers.BpeTrainer(
         vocab_size=200, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"], show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tok.save(str(base / "tokenizer.json"))
@@ -195,6 +210,14 @@ def test_chat_lora_fine_tune_on_attention_and_experts_writes_an_adapter_peft_loa
                                          pad_token_id=0)
     torch.manual_seed(0)
     transformers.Qwen3MoeForCausalLM(config).save_pretrained(base)
+    return base
+
+
+def test_chat_lora_fine_tune_on_attention_and_experts_writes_an_adapter_peft_loads(chat_moe, tmp_path):
+    from sampan.finetune import FinetuneConfig, finetune
+    from sampan.finetune.causal_lm import load_chat_model
+
+    base, words = chat_moe, WORDS
     data = tmp_path / "chats.jsonl"
     rows = [{"messages": [{"role": "user", "content": a + b}, {"role": "assistant", "content": b + a}]}
             for a in words for b in words]
@@ -219,3 +242,49 @@ def test_chat_lora_fine_tune_on_attention_and_experts_writes_an_adapter_peft_loa
         assert (peft_model(input_ids=ids).logits - ours).abs().max().item() < 1e-4
         merged_hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()  # merged weights, HF format
         assert (merged_hf(input_ids=ids).logits - ours).abs().max().item() < 1e-4
+
+
+@pytest.mark.multiprocess
+def test_serve_answers_chat_completions_on_an_moe_model_with_eager_greedy_tokens(chat_moe):
+    import openai
+
+    from sampan.models import from_pretrained
+    from sampan.server_process import ServerProcess
+    from sampan.text import PretrainedTokenizer
+
+    tokenizer = PretrainedTokenizer.from_pretrained(chat_moe)
+    messages = [{"role": "user", "content": "房间干净"}]
+    ids = torch.tensor([tokenizer.apply_chat_template(messages, add_generation_prompt=True)])
+    eos = tokenizer.token_to_id("<|im_end|>")
+    model = from_pretrained(chat_moe).eval()
+    want = model.generate(ids, max_new_tokens=8, eos_token_id=eos)[0, ids.shape[1]:].tolist()
+    want = want[: want.index(eos)] if eos in want else want
+    assert len(want) >= 3  # a reply of some length, so equality means something
+    args = ["--model", str(chat_moe), "--served-model-name", "moe", "--device", "cpu", "--num-threads", "1",
+            "--log-level", "warning"]
+    with ServerProcess(args, startup_timeout_s=120) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60)
+        reply = client.chat.completions.create(model="moe", messages=messages, max_tokens=8, temperature=0)
+    assert reply.choices[0].message.content == tokenizer.decode(want, skip_special_tokens=True)
+    assert reply.usage.prompt_tokens == ids.shape[1]
+
+
+def test_taskflow_text_generation_on_an_moe_model_continues_with_eager_greedy_tokens(qwen3_moe, monkeypatch):
+    from sampan.taskflow import Taskflow
+    from sampan.text.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID, UNK_ID, ChineseTokenizer
+
+    monkeypatch.setenv("SAMPAN_CACHE", str(qwen3_moe["cache"]))  # the export the fixture made
+    flow = Taskflow("text_generation", model=str(qwen3_moe["model_dir"]), top_k=1, repetition_penalty=1.0,
+                    max_new_tokens=10, min_new_tokens=10, seed=0)
+    (result,) = flow("话说天下")
+    tokenizer = ChineseTokenizer.load(qwen3_moe["model_dir"] / "tokenizer.json")
+    row = [CLS_ID, *tokenizer.encode("话说天下", add_special_tokens=False).ids]
+    new = []
+    with torch.no_grad():  # eager greedy over the tokens the task never writes
+        for _ in range(10):
+            logits = qwen3_moe["ours"](torch.tensor([row]))[0, -1]
+            logits[[PAD_ID, UNK_ID, CLS_ID, MASK_ID, SEP_ID]] = float("-inf")
+            row.append(int(logits.argmax()))
+            new.append(row[-1])
+    assert result == {"text": "话说天下", "generated": tokenizer.decode(new)}
+    assert len(set(new)) >= 3
