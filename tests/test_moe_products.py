@@ -4,8 +4,8 @@ MLPs and the routed experts' stacked weights), export to prefill + decode graphs
 LoRA: each MoE family's tiny model (Qwen3-MoE, Qwen2-MoE with its gated shared expert, ERNIE 4.5,
 DeepSeek-V3 with MLA) gets LoRA with random updates, is saved as a peft adapter over its HF export,
 and ``transformers`` + ``peft`` 0.21 must give sampan's logits (1e-4) and, merged, the same
-expert weights as sampan's merge; a chat LoRA fine-tune of a tiny Qwen3-MoE on attention and
-experts writes an adapter peft loads to the fine-tuned logits. Export: a random transformers
+expert weights as sampan's merge; `sampan finetune --task chat --method lora` of a tiny
+Qwen3-MoE on attention and experts writes an adapter peft loads to the fine-tuned logits. Export: a random transformers
 Qwen3-MoE (1 layer) is exported (full-window + prefill + decode graphs, ONNX and .pt2) and its
 greedy tokens through ONNX Runtime and the .pt2 must equal eager generate with and without the
 KV cache and transformers' generate; Taskflow's text_generation on that export continues a text
@@ -214,7 +214,7 @@ def chat_moe(tmp_path_factory):
 
 
 def test_chat_lora_fine_tune_on_attention_and_experts_writes_an_adapter_peft_loads(chat_moe, tmp_path):
-    from sampan.finetune import FinetuneConfig, finetune
+    from sampan.cli import main
     from sampan.finetune.causal_lm import load_chat_model
 
     base, words = chat_moe, WORDS
@@ -223,12 +223,13 @@ def test_chat_lora_fine_tune_on_attention_and_experts_writes_an_adapter_peft_loa
             for a in words for b in words]
     data.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n", encoding="utf-8")
     out = tmp_path / "lora"
-    result = finetune(FinetuneConfig(
-        task="chat", model=str(base), data=str(data), method="lora", lora_rank=4, lora_targets=["attention", "experts"],
-        max_length=64, training={"output_dir": str(out), "max_steps": 4, "per_device_train_batch_size": 8,
-                                 "learning_rate": 1e-2, "lr_scheduler": "constant", "progress_bar": False,
-                                 "tensorboard": False}))
-    assert result.metrics["loss"] < result.initial_dev_metrics["loss"]
+    code = main(["finetune", "--task", "chat", "--model", str(base), "--data", str(data), "--method", "lora",
+                 "--lora-rank", "4", "--lora-targets", "attention,experts", "--max-length", "64", "--steps", "4",
+                 "--batch-size", "8", "--learning-rate", "1e-2", "--output-dir", str(out),
+                 "--training.progress_bar", "false"])
+    assert code == 0
+    meta = json.loads((out / "task.json").read_text())
+    assert meta["metrics"]["loss"] < meta["initial_dev_metrics"]["loss"]
     adapter = json.loads((out / "adapter" / "adapter_config.json").read_text())
     assert adapter["target_parameters"] and all(t.startswith("model.layers.") for t in adapter["target_parameters"])
     model, tokenizer, meta = load_chat_model(out)
