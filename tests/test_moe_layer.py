@@ -2,7 +2,7 @@
 ERNIE 4.5, DeepSeek-V3) on the same weights, forward and gradients; both expert back ends agree;
 the balancing losses, the aux-loss-free bias, capacity and the statistics do what they promise.
 
-Cost: about 10 s on 2 cores (tiny shapes; transformers' blocks are built from tiny configs).
+Cost: about 6 s on 2 cores, 4 s of it importing transformers (tiny shapes and configs).
 """
 
 from __future__ import annotations
