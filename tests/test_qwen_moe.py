@@ -2,10 +2,10 @@
 packing, training, and its tensor / sequence / expert-parallel splits.
 
 Tiny random transformers models (8 experts, top-2, MoE and dense layers side by side) are the
-reference; nothing is downloaded. Cost: about 16 s on an idle 2-core machine (40 s with the
-machine loaded 5x over): the multi-process case (six two-rank or one-process runs, forked from the
-zygote in ranks.py) takes about 10 s of it, the HF round trips 2 s, the zoo (Qwen3-235B built on the
-meta device by transformers and by sampan) 1.5 s.
+reference; nothing is downloaded. Cost: about 14 s on an idle 2-core machine (70 s with it loaded 8x over):
+the multi-process case (six two-rank or one-process runs, forked from the zygote in ranks.py) 6 s,
+the HF round trips 2 s, the zoo (Qwen3-235B built on the meta device by transformers and by
+sampan) 1 s, the rest under 2 s.
 """
 
 from __future__ import annotations
