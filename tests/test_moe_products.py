@@ -12,8 +12,8 @@ KV cache and transformers' generate; Taskflow's text_generation on that export c
 with eager's greedy tokens; `sampan serve` on a tiny Qwen3-MoE chat model answers
 /v1/chat/completions with eager's greedy reply.
 
-Cost on 2 cores (measured: 92 s for the file): the export ~45 s and generation on it ~17 s,
-serving ~17 s (a server process), LoRA and the chat fine-tune ~5 s.
+Cost: 28 s for the file on a quiet 2-core machine (the export 15 s, serving 4 s, the rest under
+2 s each); 92 s while other jobs shared the cores.
 """
 
 from __future__ import annotations
