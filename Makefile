@@ -80,6 +80,8 @@ bench: setup-dev
 	$(BIN)/python benchmarks/predictor.py
 	$(BIN)/python benchmarks/serving.py
 	$(BIN)/python benchmarks/decode.py
+	$(BIN)/python benchmarks/moe_block.py
+	$(BIN)/python benchmarks/moe_step.py
 	$(BIN)/python benchmarks/chat_serving.py
 	test -f $(BENCH_DATA)/manifest.json || $(BIN)/sampan data build --corpus news,sanguo,reviews \
 	  --vocab-size 6000 --seq-len 128 --workers 2 --out $(BENCH_DATA)

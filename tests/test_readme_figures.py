@@ -78,6 +78,17 @@ def test_the_readme_chat_figures_are_the_card_and_the_results_files():
     assert f"**{result['chat_serving']['ratios']['32']['rps_vs_one_at_a_time']:.2f}×**" in readme
 
 
+
+def test_the_readme_moe_figure_is_the_results_file():
+    """The README's MoE block range is the slowest and fastest shape of moe_block.json, as shown."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    shapes = json.loads((RESULTS / "moe_block.json").read_text(encoding="utf-8"))["shapes"].values()
+    ratios = [shape["sampan_over"]["transformers_eager"] for shape in shapes]
+    experts = [shape["experts"] for shape in shapes]
+    assert f"**{min(ratios):.1f}–{max(ratios):.1f}×**" in readme
+    assert f"({min(experts)}–{max(experts)} experts" in readme
+
+
 # The renderer's own rules, on templates and results made here.
 
 def _setup(tmp_path: Path, template: str, results: dict[str, dict]) -> tuple[Path, results_tables.Results]:

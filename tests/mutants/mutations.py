@@ -274,4 +274,35 @@ MUTATIONS: tuple[Mutation, ...] = (
         "    if True:\n        return 0.0",
         ("tests/test_offload.py", "tests/test_simulate.py", "-k", "offload or committed"),
     ),
+    Mutation(
+        "expert-grads-not-reduced-over-edp",
+        "issue 38: expert-parallel experts left out of FSDP2 (ignored), so their gradients are never "
+        "reduced over their expert-data-parallel ranks and each rank steps with its own",
+        "sampan/distributed/sharding.py",
+        "    for unit in experts:\n        fully_shard(unit, mesh=expert_mesh, reshard_after_forward=reshard, **extra)\n"
+        "    for unit in shard_units(model):\n        fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, **extra)\n"
+        "    fully_shard(model, mesh=mesh, reshard_after_forward=reshard, **extra)",
+        "    ignored = {p for unit in experts for p in unit.parameters()}\n"
+        "    for unit in shard_units(model):\n"
+        "        fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, ignored_params=ignored, **extra)\n"
+        "    fully_shard(model, mesh=mesh, reshard_after_forward=reshard, ignored_params=ignored, **extra)",
+        ("tests/test_expert_parallel.py", "-k", "ep2_over_4"),
+    ),
+    Mutation(
+        "ep-results-to-wrong-rank",
+        "issue 38: expert outputs sent back in local-expert order instead of the order the tokens came "
+        "in, so after the combine all-to-all results land on the wrong rank and token",
+        "sampan/distributed/expert_parallel.py",
+        "        back = output.index_select(0, restored)",
+        "        back = output",
+        ("tests/test_expert_parallel.py", "-k", "ep2_over_4"),
+    ),
+    Mutation(
+        "aux-free-bias-wrong-sign",
+        "issue 38: the aux-loss-free correction bias raised for overloaded experts (DeepSeek-V3 lowers it)",
+        "sampan/nn/moe_balance.py",
+        "    return rate * torch.sign(load.mean() - load)",
+        "    return rate * torch.sign(load - load.mean())",
+        ("tests/test_moe_layer.py", "-k", "bias"),
+    ),
 )
