@@ -1,8 +1,9 @@
 """Today's 100B+ layouts, simulated with fleet's own code and priced by the planner, side by side.
 
 For each layout below, ``sampan simulate`` runs one training step of the first and the last
-pipeline rank (fleet's real code under torch's fake process group and fake tensors, docs/scale.md)
-and ``sampan plan``'s memory model prices the same ranks. Written: every rank's simulated and
+pipeline rank (of every pipeline rank for the MoE layouts: fleet's real code under torch's fake
+process group and fake tensors, docs/scale.md) and ``sampan plan``'s memory model prices the same
+ranks. Written: every rank's simulated and
 planned bytes, their ratio, what was alive at the peak, and how long each rank took here.
 
     python benchmarks/scale.py                     # all layouts (about 20 minutes on 2 cores)
@@ -45,13 +46,25 @@ LAYOUTS = {
                               "sp=true,amp=O2,recompute=full", 131072, 128,
                               "Meta's long-context stage: t8 x cp16 x p16 x d8 at 128K tokens, sequence parallel, "
                               "O2, full recompute"),
+    "deepseek-v3-published": ("deepseek-v3", 2048,
+                              "dp=1,sharding=128,stage=1,pp=16,ep=64,micro_batch=1,recompute=full,amp=O2", 4096, 15360,
+                              "DeepSeek-V3 at its published pp16 x ep64 x ZeRO-1 dp128 on 2,048 GPUs, O2, full "
+                              "recompute, routing 1.1x the mean on the simulated ranks"),
+    "ernie4.5-300b-published": ("ernie4.5-300b-a47b", 2016,
+                                "dp=1,sharding=168,stage=1,pp=12,ep=8,micro_batch=1,recompute=full,amp=O2", 4096, 4032,
+                                "ERNIE-4.5-300B-A47B at its published pp12 x sharding168 (ZeRO-1) with ep8 on 2,016 "
+                                "GPUs, O2, full recompute"),
 }
+# MoE stages differ in their dense / MoE layer mix: every pipeline rank is simulated, not only the ends.
+EVERY_STAGE = {"deepseek-v3-published", "ernie4.5-300b-published"}
 
 
 def run_one(name: str) -> dict:
     model, gpus, fix, seq, batch, what = LAYOUTS[name]
     cmd = [sys.executable, "-m", "sampan.cli", "simulate", "--model", model, "--gpus", str(gpus), "--fix", fix,
            "--seq-len", str(seq), "--global-batch", str(batch), "--json"]
+    if name in EVERY_STAGE:
+        cmd += ["--stages", "all"]
     start = time.perf_counter()
     run = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
     if run.returncode != 0:
@@ -79,6 +92,8 @@ def summarize(layouts: dict) -> dict:
             "llama3_405b_full_needs_gb": layouts["llama3-405b-meta-full"]["worst_needs_gb"],
             "llama3_405b_offload_needs_gb": layouts["llama3-405b-meta-offload"]["worst_needs_gb"],
             "llama3_405b_128k_needs_gb": layouts["llama3-405b-meta-128k"]["worst_needs_gb"],
+            "deepseek_v3_needs_gb": layouts["deepseek-v3-published"]["worst_needs_gb"],
+            "ernie4_5_300b_needs_gb": layouts["ernie4.5-300b-published"]["worst_needs_gb"],
             "slowest_rank_s": max(r["seconds"] for layout in layouts.values() for r in layout["ranks"])}
 
 

@@ -37,10 +37,11 @@ def _run(nproc: int, out: Path, *args: str, timeout: int = 300) -> dict:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> dict[str, dict]:
     """One process: the whole batch in one micro-batch, and as 2 micro-batches of 4 data shards
-    (the pipeline case's); the first also saves a checkpoint after 3 steps."""
+    (the pipeline case's); the first also saves a checkpoint after 3 steps. And the first with 6 experts."""
     tmp = tmp_path_factory.mktemp("ep-ref")
     return {"acc1": _run(0, tmp / "acc1.json"),
-            "data4-acc2": _run(0, tmp / "acc2.json", "--data-ranks", "4", "--accumulate", "2")}
+            "data4-acc2": _run(0, tmp / "acc2.json", "--data-ranks", "4", "--accumulate", "2"),
+            "acc1-6experts": _run(0, tmp / "acc1e6.json", "--experts", "6")}
 
 
 def _assert_equal(got: dict, want: dict, first: int = 0) -> None:
@@ -98,11 +99,15 @@ def test_ep2_over_4_data_ranks_counts_its_all_to_alls_and_moves_the_bias_to_bala
     ("ep2xdp2xpp2", ["--dp", "4", "--pp", "2", "--ep", "2", "--accumulate", "2"], "data4-acc2"),
     ("ep4xmp2", ["--dp", "4", "--mp", "2", "--ep", "4"], "acc1"),
     ("ep2-zero3-dp2xsharding4-recompute", ["--dp", "2", "--sharding", "4", "--ep", "2", "--stage", "3",
-                                           "--recompute", "full"], "acc1"),
+                                           "--recompute", "full", "--experts", "6"], "acc1-6experts"),
 ])
 def test_8_rank_layouts_match_one_process(case, args, ref, reference, tmp_path):
     """Experts split over ep, the rest over pipeline stages (the expert loads of torch's shape-inference
     forward left out), tensor parallel ranks (MoE blocks whole on each) or ZeRO-3 (expert state
     sharded over the 4 expert-data ranks as (dp 2, sharding 4 / ep 2), with recompute replaying the
-    all-to-alls in backward)."""
-    _assert_equal(_run(8, tmp_path / f"{case}.json", *args, timeout=380), reference[ref])
+    all-to-alls in backward; 6 experts, so a rank's 3 do not split over its 2 shard ranks and FSDP2
+    cuts the stacked weights along their second dimension, ``expert_shard_placement``)."""
+    got = _run(8, tmp_path / f"{case}.json", *args, timeout=380)
+    _assert_equal(got, reference[ref])
+    if ref == "acc1-6experts":  # 3 experts a rank, [3, 2 x 16, 32] cut in half along the 32
+        assert all(r["experts_local_shape"] == [[3, 16, HIDDEN]] * LAYERS for r in got["ranks"])

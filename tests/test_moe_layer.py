@@ -502,3 +502,27 @@ def test_a_bf16_block_routes_in_fp32_and_stays_close_to_fp32():
     out = low(x.bfloat16())
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), ref, atol=3e-2, rtol=3e-2)
+
+
+def test_planned_routing_gives_every_expert_an_even_share_with_real_counts():
+    """What ``sampan simulate`` routes by: the experts see even counts (values, even when the block
+    runs on fake tensors: tests/test_simulate.py), and the receiving rank's share is stretched by
+    the load factor."""
+    from sampan.nn.moe_planned import PlannedRouting, active_plan, planned_routing
+
+    block = _block(num_experts=8, top_k=2)
+    seen = []
+    block.experts.register_forward_pre_hook(lambda m, args: seen.append(args[1]))
+    x = torch.randn(2, 7, block.config.hidden_size)
+    with planned_routing() as plan:
+        assert active_plan() is plan
+        block(x)
+    assert active_plan() is None
+    assert seen[-1].tolist() == [4, 4, 4, 4, 3, 3, 3, 3]  # 28 copies over 8 experts
+    block(x)
+    assert seen[-1].sum() == 28 and seen[-1].tolist() != [4, 4, 4, 4, 3, 3, 3, 3]  # the router's own again
+    # 4 ranks, this rank's 2 experts get 1.5x their share of the 28 copies each source sends.
+    received = PlannedRouting(1.5).received(torch.tensor([4, 4, 4, 4, 3, 3, 3, 3]), ep=4)
+    assert received.shape == (4, 2) and received.sum(1).tolist() == [10] * 4  # round(1.5 * 28 / 4)
+    with pytest.raises(ValueError, match="load_factor must be >= 1"):
+        PlannedRouting(0.5)

@@ -37,6 +37,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from sampan.models.registry import spec_of
+from sampan.nn.moe_planned import active_plan
 
 EXPERT_WEIGHTS = ("gate_up_proj", "down_proj")
 
@@ -123,6 +124,9 @@ class ExpertParallelDispatch:
         # How many copies each rank sends to each of this rank's experts: [ep, E_local] after the swap.
         dist.all_to_all_single(received, counts, group=self.group)
         received = received.reshape(self.ep, self.local_experts)
+        plan = active_plan()
+        if plan is not None:  # a simulation: nothing arrived; the planned loads say what would have
+            received = plan.received(counts, self.ep)
         send = counts.reshape(self.ep, self.local_experts).sum(1).tolist()
         recv = received.sum(1).tolist()
         tokens = all_to_all_single_autograd(x.contiguous(), recv, send, self.group)

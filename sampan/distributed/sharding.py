@@ -16,11 +16,13 @@ ZeRO stages map onto FSDP2 as follows:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, Shard
 
 from sampan.nn.transformer import TransformerBlock
 
@@ -31,6 +33,20 @@ def shard_units(model: nn.Module) -> list[nn.Module]:
     if blocks:
         return blocks
     return [child for m in model.modules() if isinstance(m, nn.ModuleList) for child in m]
+
+
+def expert_shard_placement(param: nn.Parameter, ranks: int) -> Shard:
+    """Where FSDP2 cuts a stacked expert weight ``[E_local, ...]`` over ``ranks`` expert-data ranks:
+    along the first dimension they divide evenly. FSDP2's default ``Shard(0)`` pads every rank to
+    ``ceil(E_local / ranks)`` experts, so 4 local experts over 8 ranks would cost each rank half an
+    expert's state, not an eighth. When no dimension divides (ERNIE-4.5-300B's 8 local experts of
+    ``[7168, 8192]`` over 21 ranks) it stays ``Shard(0)``, padded; ``sampan plan`` prices that."""
+    # Expert parallelism has already cut the experts: what FSDP2 splits is this rank's slice.
+    shape = param.to_local().shape if isinstance(param, DTensor) else param.shape
+    for dim, size in enumerate(shape):
+        if size % ranks == 0:
+            return Shard(dim)
+    return Shard(0)  # FSDP2 shards only the first dimension unevenly (padding the last ranks)
 
 
 def apply_sharding(model: nn.Module, mesh: DeviceMesh, stage: int,
@@ -47,7 +63,8 @@ def apply_sharding(model: nn.Module, mesh: DeviceMesh, stage: int,
     reshard = stage == 3
     extra = {"mp_policy": mp_policy} if mp_policy is not None else {}
     for unit in experts:
-        fully_shard(unit, mesh=expert_mesh, reshard_after_forward=reshard, **extra)
+        fully_shard(unit, mesh=expert_mesh, reshard_after_forward=reshard,
+                    shard_placement_fn=functools.partial(expert_shard_placement, ranks=expert_mesh.shape[-1]), **extra)
     for unit in shard_units(model):
         fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, **extra)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard, **extra)

@@ -63,6 +63,7 @@ from sampan.distributed.comm_counter import CommCounter
 from sampan.distributed.context_parallel import rank_positions
 from sampan.distributed.strategy import DistributedStrategy
 from sampan.distributed.topology import AXES
+from sampan.nn.moe_planned import planned_routing
 from sampan.nn.recompute import offload_host
 
 
@@ -147,6 +148,12 @@ class CountingFakeMode(FakeTensorMode):
         out = super().dispatch(func, types, args, kwargs if kwargs is not None else {})
         if self._paused:
             return out
+        if func is torch.ops._c10d_functional.wait_tensor.default and isinstance(args[0], FakeTensor):
+            # On a device wait_tensor returns its input; the fake kernel makes a new storage. Count
+            # the buffer once: as the output from here on (the input is dropped once waited on).
+            key = id(args[0].untyped_storage())
+            if key in self._bytes:
+                self._set(key, 0)
         for t in tree_leaves(out):
             if isinstance(t, FakeTensor) and t.device.type != "meta":  # meta: offloaded to the host
                 storage = t.untyped_storage()
@@ -326,12 +333,14 @@ def _autocast(amp: bool):
 
 def simulate_rank(model_name: str | dict[str, Any] | Any, strategy: DistributedStrategy, world_size: int, rank: int,
                   global_batch: int, seq_len: int, num_micro: int | None = None,
-                  amp: bool = True, model_overrides: dict[str, Any] | None = None) -> RankResult:
+                  amp: bool = True, model_overrides: dict[str, Any] | None = None,
+                  moe_load_factor: float = 1.0) -> RankResult:
     """One training step of ``rank`` of ``world_size`` under ``strategy``, on fake tensors.
 
     ``strategy.pipeline_configs.accumulate_steps`` is the step's micro-batch count per data rank
     (global batch = data ranks x micro-batch x that); ``num_micro`` how many of them to run
-    (default :func:`default_num_micro`).
+    (default :func:`default_num_micro`). MoE blocks route by :func:`sampan.nn.moe_planned.planned_routing`:
+    even loads, this rank's experts receiving ``moe_load_factor`` times their share.
     """
     from sampan.distributed.fleet import Fleet
     from sampan.models import create
@@ -364,7 +373,7 @@ def simulate_rank(model_name: str | dict[str, Any] | Any, strategy: DistributedS
         front = _FakeFront()
         mode = CountingFakeMode(allow_non_fake_inputs=True)
         # Offloaded activations go to the meta device, which the count leaves out: the host's memory.
-        with mode.counting(), front, offload_host("meta"):
+        with mode.counting(), front, offload_host("meta"), planned_routing(moe_load_factor):
             model = create(_model_config(model_name), **(model_overrides or {}))
             config = model.config
             optimizer = AdamW(learning_rate=1e-4, parameters=model.parameters(),
@@ -470,7 +479,7 @@ def _rank_job(job: dict[str, Any]) -> dict[str, Any]:
 def simulate(model_name: str | dict[str, Any], strategy: DistributedStrategy, world_size: int, global_batch: int,
              seq_len: int, ranks: list[int] | None = None, stages: str = "ends", num_micro: int | None = None,
              amp: bool = True, processes: int = 2,
-             model_overrides: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+             model_overrides: dict[str, Any] | None = None, moe_load_factor: float = 1.0) -> list[dict[str, Any]]:
     """:func:`simulate_rank` for each of ``ranks`` (default :func:`simulation_ranks`), each in a fresh
     process (a fake group, its meshes and their caches belong to one process), ``processes`` at a time.
     ``model_name``: a registered name, or a config's ``to_dict()``.
@@ -482,7 +491,7 @@ def simulate(model_name: str | dict[str, Any], strategy: DistributedStrategy, wo
     ranks = ranks if ranks is not None else simulation_ranks(degrees, stages)
     jobs = [{"model_name": model_name, "strategy": strategy.to_dict(), "world_size": world_size, "rank": r,
              "global_batch": global_batch, "seq_len": seq_len, "num_micro": num_micro, "amp": amp,
-             "model_overrides": model_overrides} for r in ranks]
+             "model_overrides": model_overrides, "moe_load_factor": moe_load_factor} for r in ranks]
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(max(1, min(processes, len(jobs))), maxtasksperchild=1) as pool:
         return pool.map(_rank_job, jobs, chunksize=1)

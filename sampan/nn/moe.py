@@ -28,6 +28,7 @@ from sampan.nn.moe_balance import (
 )
 from sampan.nn.moe_config import MoEConfig
 from sampan.nn.moe_experts import GroupedExperts, SharedExperts
+from sampan.nn.moe_planned import active_plan
 from sampan.nn.moe_router import TopKRouter
 
 __all__ = [
@@ -112,6 +113,9 @@ class MoE(Layer):
                 order = torch.argsort(flat, stable=True)
             counts = torch.zeros(self.num_experts + 1, device=flat.device, dtype=torch.long).scatter_add_(
                 0, flat, torch.ones_like(flat))[: self.num_experts]
+            plan = active_plan()
+            if plan is not None:  # a simulation: the planned loads stand in for the router's (no values)
+                counts = plan.counts(flat.shape[0], self.num_experts)
             if dropped is not None:
                 # A host sync, only when tokens may drop (an unbacked size under torch.export).
                 kept = counts.sum().item()

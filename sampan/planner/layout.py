@@ -75,6 +75,11 @@ class Workload:
     def tokens(self) -> int:
         return self.seq_len * self.global_batch
 
+    def load_factor(self, ep: int) -> float:
+        """The routed-token stretch of the busiest rank at expert-parallel degree ``ep``: without
+        expert parallelism every rank runs every expert on its own tokens, so imbalance moves nothing."""
+        return self.moe_load_factor if ep > 1 else 1.0
+
 
 @dataclasses.dataclass(frozen=True)
 class Layout:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 from sampan.planner.layout import Layout, Workload
 from sampan.planner.model_shape import ModelShape
@@ -104,6 +105,14 @@ def _chunk_moe_counts(layers: int, moe_layers: tuple[int, ...], chunks: int) -> 
         out.append((n, sum(1 for i in range(start, start + n) if i in moe)))
         start += n
     return tuple(out)
+
+
+@functools.lru_cache(maxsize=4096)
+def _fullest_moe_stage(layers: int, moe_layers: tuple[int, ...], pp: int, vpp: int) -> int:
+    """The earliest pipeline rank holding the most MoE layers."""
+    chunks = _chunk_moe_counts(layers, moe_layers, pp * vpp)
+    per_stage = [sum(m for _, m in chunks[s::pp]) for s in range(pp)]
+    return per_stage.index(max(per_stage))
 
 
 def chunk_layer_counts(model: ModelShape, layout: Layout, chunk: int) -> tuple[int, int]:
@@ -287,7 +296,7 @@ def moe_layer_activation_bytes(model: ModelShape, layout: Layout, work: Workload
     Attention and the input norm as a dense block's (:func:`layer_activation_bytes`). The MoE
     part is whole on every tensor-parallel rank (tensor parallel leaves MoE blocks replicated) and
     sees all ``T`` tokens; ``k`` routed copies of each go through the experts, and the busiest rank
-    receives ``k T x Workload.moe_load_factor`` of them. As ``sampan.nn.MoE`` keeps them (measured
+    receives ``k T x Workload.load_factor(ep)`` of them. As ``sampan.nn.MoE`` keeps them (measured
     with saved-tensor hooks on the tiny MoE families, tests/test_planner_moe.py), recompute none:
 
     * the router: its fp32 input copy (the router's math is fp32; without AMP the norm output
@@ -313,7 +322,7 @@ def moe_layer_activation_bytes(model: ModelShape, layout: Layout, work: Workload
     ln = t if layout.sp else 1
     if recompute == "full":
         return b.residual * th / ln
-    k, lf = moe.top_k, work.moe_load_factor
+    k, lf = moe.top_k, work.load_factor(layout.ep)
     routed = tokens * k * lf               # token copies the busiest rank's experts run
     fe, fs = moe.expert_intermediate_size, moe.shared_intermediate_size
     router = 4 * tokens * moe.num_experts
@@ -342,6 +351,20 @@ def moe_layer_activation_bytes(model: ModelShape, layout: Layout, work: Workload
     if gate:      # Qwen2-MoE: sigmoid(gate(x)) * shared keeps the shared output and the sigmoid
         shared += e * th + e * tokens
     return own + _consumer_bytes(b, readers) * th + attention + mlp_input + router + experts + shared
+
+
+def moe_transient_bytes(model: ModelShape, layout: Layout, work: Workload) -> float:
+    """What an MoE block holds for a moment beyond what it keeps, as its forward (or its recompute in
+    backward) combines the experts' results: their outputs gathered back from the padded / grouped
+    GEMM and, with expert parallelism, that copy re-sorted for the return all-to-all and the
+    all-to-all's result, ``(2 lf + 1) k T`` rows of ``h`` (without: the outputs and their weighted
+    copy, ``2 k T``). Measured by ``sampan simulate`` on DeepSeek-V3 and ERNIE 4.5 at their layouts."""
+    if model.moe is None:
+        return 0.0
+    b = _Bytes.of(layout, work)
+    copies = tokens_per_rank(layout, work) * model.moe.top_k
+    rows = (2 * work.load_factor(layout.ep) + 1) * copies if layout.ep > 1 else 2 * copies
+    return b.residual * rows * model.hidden
 
 
 def block_input_alias_bytes(model: ModelShape, layout: Layout, work: Workload, recompute: str) -> float:
@@ -460,9 +483,15 @@ def head_activation_bytes(model: ModelShape, layout: Layout, work: Workload) -> 
 
 
 def memory(model: ModelShape, layout: Layout, work: Workload) -> Memory:
-    """The fullest stage's :class:`Memory` (checks the first and the last stage)."""
+    """The fullest stage's :class:`Memory`. Checks the first and the last stage (the embedding, the
+    head, the most micro-batches in flight) and, for an MoE model with dense layers first, the
+    earliest stage holding the most MoE layers (ERNIE-4.5-300B's stage 1: five MoE layers against
+    stage 0's two, and one micro-batch fewer in flight, is its fullest)."""
+    stages = {0, layout.pp - 1}
+    if model.moe is not None and layout.pp > 2:
+        stages.add(_fullest_moe_stage(model.layers, model.moe.moe_layers, layout.pp, layout.vpp))
     best = None
-    for stage in sorted({0, layout.pp - 1}):
+    for stage in sorted(stages):
         mem = stage_memory(model, layout, work, stage)
         if best is None or mem.total > best.total:
             best = mem
@@ -580,6 +609,24 @@ def loss_transient_bytes(model: ModelShape, layout: Layout, work: Workload) -> f
     return logits if work.amp else 0.0
 
 
+def expert_shard_divisor(model: ModelShape, layout: Layout) -> float:
+    """What the routed experts' state on one expert-parallel rank is divided by on one rank of its
+    ``Layout.expert_shard_ranks``, as fleet shards the stacked weights ``gate_up [E_l, 2 f_e, h]``
+    and ``down [E_l, h, f_e]`` (``sampan.distributed.sharding.expert_shard_placement``): evenly along
+    the first dimension the ranks divide, else by expert, where FSDP2 pads every rank to
+    ``ceil(E_l / ranks)`` experts (ERNIE-4.5-300B's 8 local experts over 21 ranks: 8, not 21)."""
+    ranks = layout.expert_shard_ranks
+    if model.moe is None or ranks == 1:
+        return float(ranks)
+    local = model.moe.num_experts // layout.ep
+    h, f = model.hidden, model.moe.expert_intermediate_size
+    held = 0.0  # of the local experts' parameters, the share one shard rank holds
+    for shape, weight in (((local, 2 * f, h), 2 / 3), ((local, h, f), 1 / 3)):
+        even = any(d % ranks == 0 for d in shape)
+        held += weight * (1 / ranks if even else math.ceil(local / ranks) / local)
+    return 1 / held
+
+
 def stage_memory(model: ModelShape, layout: Layout, work: Workload, stage: int) -> Memory:
     """What one GPU of pipeline stage ``stage`` holds at its step's peak (``memory`` takes the
     worst stage); ``sampan simulate`` compares it with fleet's own code on fake tensors.
@@ -594,10 +641,13 @@ def stage_memory(model: ModelShape, layout: Layout, work: Workload, stage: int) 
     params, grads, optim = p_bytes * n / shard, g_bytes * n / shard, o_bytes * n / shard
     expert_state = 0.0
     if ne:
-        eshard = layout.expert_shard_ranks
+        eshard = expert_shard_divisor(model, layout)
         params, grads, optim = params + p_bytes * ne / eshard, grads + g_bytes * ne / eshard, optim + o_bytes * ne / eshard
         expert_state = (p_bytes + g_bytes + o_bytes) * ne / eshard
     local = n + ne if ne else n  # every parameter this rank computes with, unsharded
+    # FSDP2's unsharded parameters are views into its all-gather output, padded when the experts
+    # shard unevenly (expert_shard_divisor)
+    gathered_params = n + ne * layout.expert_shard_ranks / eshard if ne else n
     b = _Bytes.of(layout, work)
     buffers = receive_buffer_bytes(model, layout, work, stage) + context_mask_bytes(layout, work)
     if b.autocast:  # autocast's bf16 copies of the weights, cached for the step and saved by the matmuls
@@ -615,10 +665,10 @@ def stage_memory(model: ModelShape, layout: Layout, work: Workload, stage: int) 
             # overstated GPT-3 175B at t8 x p16 x d8 by 5.8 GB a rank: sampan simulate).
             accumulating = 2 if (b.residual == 2 and not layout.master_grads) else 4
             reduced = g_bytes / shard
-            reduced_expert = g_bytes / layout.expert_shard_ranks
-            buffers += gathered * local
+            reduced_expert = g_bytes / expert_shard_divisor(model, layout)
+            buffers += gathered * gathered_params
         else:  # parameters stay gathered from forward to backward; one block's gradient before reduction
-            buffers += gathered * local + gathered * unit
+            buffers += gathered * gathered_params + gathered * unit
     # As a block's backward runs: its weights' fresh gradients (bf16 under AMP, plus the fp32 cast
     # for autocast's fp32 parameters) and, with recompute, its rebuilt activations.
     backward = unit * ((2 + 4 * b.autocast) if work.amp else 4)
@@ -629,6 +679,7 @@ def stage_memory(model: ModelShape, layout: Layout, work: Workload, stage: int) 
             rebuilt = max(rebuilt, moe_layer_activation_bytes(model, layout, work, "none")
                           - moe_layer_activation_bytes(model, layout, work, layout.recompute))
         backward += rebuilt + offloaded_input_bytes(model, layout, work)
+    backward += moe_transient_bytes(model, layout, work)
     acts = _in_flight_bytes(model, layout, work, stage, accumulating, reduced, backward, reduced_expert)
     if accumulating:  # the moments priced hold their gradients (accumulating or reduced) themselves
         acts -= grads

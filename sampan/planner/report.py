@@ -8,6 +8,7 @@ from typing import Any
 
 from sampan.planner.hardware import Hardware
 from sampan.planner.layout import Workload
+from sampan.planner.memory import expert_shard_divisor
 from sampan.planner.model_shape import ModelShape
 from sampan.planner.search import Plan, SearchResult
 from sampan.planner.simulation import COMPONENTS, GB
@@ -95,8 +96,11 @@ def print_table(model: ModelShape, hw: Hardware, work: Workload, gpus: int, plan
                       + (f" + offload copies {t.offload:.2f}" if t.offload else "")
                       + (f" + EP all-to-all {t.expert_parallel:.2f}" if t.expert_parallel else "") + " s")
         if m.expert_state:
+            ranks, divisor = best.layout.expert_shard_ranks, expert_shard_divisor(model, best.layout)
+            padded = (f", FSDP2 padding each to 1/{divisor:.3g} of the local experts: no dimension splits in {ranks}"
+                      if abs(divisor - ranks) > 1e-9 else "")
             console.print(f"#1 routed experts: {_gb(m.expert_state)} GB of the model state ({best.layout.ep} "
-                          f"expert-parallel ranks, state sharded over {best.layout.expert_shard_ranks}); router "
+                          f"expert-parallel ranks, state sharded over {ranks}{padded}); router "
                           f"imbalance {work.moe_load_factor:g}, dispatch {work.moe_dispatch}, all-to-all "
                           f"{work.a2a_overlap:.0%} hidden" + (", FP8 GEMMs" if work.fp8 else ""))
         how = "as given" if hw.matmul_efficiency is not None else f"width curve at h={model.hidden}"

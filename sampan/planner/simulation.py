@@ -147,7 +147,8 @@ def simulate_job(job: Job, strategy_text: str | None, gpu_memory_gb: float, rank
     start = time.perf_counter()
     results = simulate(job.model if registered else config.to_dict(), strategy, job.gpus, job.global_batch,
                        work.seq_len, ranks=list(ranks) or None, stages=stages, num_micro=num_micro,
-                       amp=work.amp is not None, processes=processes, model_overrides=overrides or None)
+                       amp=work.amp is not None, processes=processes, model_overrides=overrides or None,
+                       moe_load_factor=work.load_factor(strategy.hybrid_configs.ep_degree))
     rows = compare_with_plan(results, shape, layout, work)
     return {"model": name, "parameters": config.num_parameters(), "gpus": job.gpus,
             "layout": layout.to_dict(), "label": layout.label(), "seq_len": work.seq_len,

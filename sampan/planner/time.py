@@ -254,7 +254,7 @@ def _stage_compute(model: ModelShape, layout: Layout, work: Workload, hw: Hardwa
         moe = model.moe
         attn_params = model.moe_layer_params - model.router_params - model.shared_expert_params - (
             moe.num_experts * model.expert_params)
-        routed = 6 * moe.top_k * model.expert_params * work.moe_load_factor  # the busiest rank's experts
+        routed = 6 * moe.top_k * model.expert_params * work.load_factor(layout.ep)  # the busiest rank's experts
         linear += n_moe * (6 * attn_params * tokens / t + (6 * model.shared_expert_params + routed) * tokens)
         other += n_moe * (dense_other + 6 * model.router_params * tokens)
         a2a = n_moe * expert_all_to_all_time(model, layout, work, hw)

@@ -279,7 +279,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         "issue 38: expert-parallel experts left out of FSDP2 (ignored), so their gradients are never "
         "reduced over their expert-data-parallel ranks and each rank steps with its own",
         "sampan/distributed/sharding.py",
-        "    for unit in experts:\n        fully_shard(unit, mesh=expert_mesh, reshard_after_forward=reshard, **extra)\n"
+        "    for unit in experts:\n        fully_shard(unit, mesh=expert_mesh, reshard_after_forward=reshard,\n"
+        "                    shard_placement_fn=functools.partial(expert_shard_placement, ranks=expert_mesh.shape[-1]), "
+        "**extra)\n"
         "    for unit in shard_units(model):\n        fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, **extra)\n"
         "    fully_shard(model, mesh=mesh, reshard_after_forward=reshard, **extra)",
         "    ignored = {p for unit in experts for p in unit.parameters()}\n"

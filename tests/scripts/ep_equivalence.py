@@ -59,9 +59,9 @@ class MoEDecoder(torch.nn.Module):
 
     TP_PLAN = {"blocks.*.fc1": "colwise", "blocks.*.fc2": "rowwise"}
 
-    def __init__(self):
+    def __init__(self, num_experts: int = 8):
         super().__init__()
-        config = MoEConfig(hidden_size=HIDDEN, num_experts=8, top_k=2, expert_intermediate_size=16,
+        config = MoEConfig(hidden_size=HIDDEN, num_experts=num_experts, top_k=2, expert_intermediate_size=16,
                            shared_intermediate_size=16, score_func="sigmoid", score_correction_bias=True,
                            bias_update_rate=0.02, aux_loss="global_batch", aux_loss_coef=0.01, z_loss_coef=1e-3)
         self.embed = torch.nn.Embedding(VOCAB, HIDDEN)
@@ -153,6 +153,7 @@ def main() -> None:
     for axis in ("dp", "mp", "pp", "sharding", "ep"):
         parser.add_argument(f"--{axis}", type=int, default=1)
     parser.add_argument("--stage", type=int, default=1)
+    parser.add_argument("--experts", type=int, default=8, help="routed experts per MoE block")
     parser.add_argument("--accumulate", type=int, default=1)
     parser.add_argument("--data-ranks", type=int, default=1, help="one process: the data ranks to match")
     parser.add_argument("--recompute", default="none")
@@ -165,7 +166,7 @@ def main() -> None:
     from sampan.distributed.checkpoint import load_distributed, save_distributed
 
     torch.manual_seed(0)
-    model = MoEDecoder()
+    model = MoEDecoder(args.experts)
     # epsilon 1e-5, not 1e-8: AdamW moves a weight whose gradient is ~1e-8 by a whole step of either
     # sign, so summation-order noise there would decide it (1.5e-5 apart after 5 steps, measured).
     optimizer = sampan.optimizer.AdamW(learning_rate=3e-3, parameters=model.parameters(), weight_decay=0.01,

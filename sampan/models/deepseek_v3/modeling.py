@@ -127,10 +127,18 @@ class DeepseekV3Attention(Layer):
         k_nope, v = kv.split([self.nope_dim, self.v_dim], dim=-1)
         k = torch.cat([k_nope, k_rot.expand(-1, k_nope.shape[1], -1, -1)], dim=-1)
         q = torch.cat([q_nope, q_rot], dim=-1)
+        # Flash-style kernels (the CPU's among them) want one head width for q, k and v; with a
+        # narrower v SDPA falls back to the math kernel, which keeps the whole fp32 score matrix
+        # (8.6 GB a layer for DeepSeek-V3 at 4,096 tokens). Zero columns leave the output unchanged.
+        pad = q.shape[-1] - self.v_dim
+        if pad > 0:
+            v = F.pad(v, (0, pad))
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=self.scaling,
             dropout_p=self.dropout if self.training else 0.0,
         )
+        if pad > 0:
+            out = out[..., : self.v_dim]
         return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
 
 
