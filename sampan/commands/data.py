@@ -18,14 +18,27 @@ class FetchOptions:
     """Which corpus to fetch, and from where.
 
     Fields:
-        corpus_name: the corpus to fetch (poetry: 全唐诗 from npm's chinese-poetry).
-        tarball: use this chinese-poetry-2.0.1.tgz instead of downloading it.
+        corpus_name: the corpus to fetch (poetry: 全唐诗 from npm's chinese-poetry; debian-zh: Chinese
+            prose from Debian documentation packages, through apt-get download).
+        tarball: poetry: use this chinese-poetry-2.0.1.tgz instead of downloading it.
+        packages: debian-zh: the Debian packages to read (default: all nine of
+            sampan.text.corpus.debian_zh.PACKAGES).
+        deb_dir: debian-zh: read the packages' NAME_*.deb files from this directory instead of
+            running apt-get download (a machine without apt or network).
         force: fetch again even if it is there.
     """
 
-    corpus_name: Literal["poetry"]
+    corpus_name: Literal["poetry", "debian-zh"]
     tarball: str | None = None
+    packages: tuple[str, ...] = ()
+    deb_dir: str | None = None
     force: bool = False
+
+    def __post_init__(self) -> None:
+        if self.corpus_name == "poetry" and (self.packages or self.deb_dir):
+            raise ValueError("--packages and --deb-dir are for debian-zh; poetry takes --tarball")
+        if self.corpus_name == "debian-zh" and self.tarball:
+            raise ValueError("--tarball is for poetry; debian-zh takes --deb-dir (a directory of .deb files)")
 
 
 def _build_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,11 +82,26 @@ def run_build_chat(args: argparse.Namespace) -> int:
 
 
 def run_fetch(args: argparse.Namespace) -> int:
-    from sampan.text.corpus.poetry import fetch_poetry
     from sampan.utils.flags import dataclass_from_args
 
     options = dataclass_from_args(FetchOptions, args)
-    out = fetch_poetry(options.tarball, force=options.force, log=lambda m: print(m, file=sys.stderr))
+    log = lambda m: print(m, file=sys.stderr)  # noqa: E731 - progress goes to stderr, the manifest to stdout
+    if options.corpus_name == "debian-zh":
+        from sampan.text.corpus.debian_zh import DebianZhConfig, fetch_debian_zh
+
+        config = DebianZhConfig(force=options.force, deb_dir=options.deb_dir,
+                                **({"packages": options.packages} if options.packages else {}))
+        out = fetch_debian_zh(config, log=log)
+        manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+        # The per-package file lists stay in the manifest file; the summary is what a person reads.
+        summary = {name: {k: v for k, v in p.items() if k not in ("files", "include")}
+                   for name, p in manifest["packages"].items()}
+        print(json.dumps({"dir": str(out), "totals": manifest["totals"], "thresholds": manifest["thresholds"],
+                          "packages": summary}, ensure_ascii=False, indent=2))
+        return 0
+    from sampan.text.corpus.poetry import fetch_poetry
+
+    out = fetch_poetry(options.tarball, force=options.force, log=log)
     print(json.dumps(json.loads((out / "manifest.json").read_text(encoding="utf-8")) | {"dir": str(out)},
                      ensure_ascii=False, indent=2))
     return 0
@@ -108,13 +136,24 @@ def register(subparsers) -> None:
     set_handler(chat, run_build_chat)
 
     fetch = actions.add_parser(
-        "fetch", help="fetch a corpus that does not ship in a Python package (poetry: 全唐诗 from npm)",
+        "fetch", help="fetch a corpus that does not ship in a Python package (poetry: 全唐诗 from npm; "
+                      "debian-zh: Chinese prose from Debian documentation packages)",
         description="poetry: download npm chinese-poetry 2.0.1 (85 MB) from the npm registry, check its sha512, "
                     "convert its 55K Tang poems to simplified characters and store them under "
-                    "$SAMPAN_HOME/corpora (once; then `--corpus poetry` works in data build).",
-        epilog="example:  sampan data fetch poetry   (offline: sampan data fetch poetry --tarball chinese-poetry-2.0.1.tgz)")
+                    "$SAMPAN_HOME/corpora (once; then `--corpus poetry` works in data build). "
+                    "debian-zh: `apt-get download` nine Debian documentation packages (~115 MB; LibreOffice help, "
+                    "man pages, the Debian reference, GIMP / KiCad / LinuxCNC / LilyPond / Debian Edu manuals, "
+                    "fortunes), read their HTML / XHP / man / PDF files without installing them, keep the "
+                    "Han-majority paragraphs, deduplicate, and store them with a manifest (versions, .deb "
+                    "SHA-256, licences) under $SAMPAN_HOME/corpora/debian-zh; then `--corpus debian-zh` (and "
+                    "debian-zh-classical: the fortunes) works. Progress per package on stderr.",
+        epilog="examples:  sampan data fetch poetry   (offline: sampan data fetch poetry --tarball chinese-poetry-2.0.1.tgz)\n"
+               "           sampan data fetch debian-zh --packages manpages-zh,debian-reference-zh-cn\n"
+               "           sampan data fetch debian-zh --deb-dir DIR   (offline: DIR holds NAME_*.deb from apt-get download)",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     from sampan.utils.flags import add_dataclass_args
 
     add_dataclass_args(fetch, FetchOptions, positional={"corpus_name": None},
-                       metavars={"tarball": "TGZ", "corpus_name": "CORPUS"})
+                       metavars={"tarball": "TGZ", "corpus_name": "CORPUS", "packages": "PKG[,PKG...]",
+                                 "deb_dir": "DIR"})
     set_handler(fetch, run_fetch)

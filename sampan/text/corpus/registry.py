@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from sampan.text.corpus.debian_zh import debian_zh_classical_documents, debian_zh_documents
 from sampan.text.corpus.document import Document, select_split
 from sampan.text.corpus.peoples_daily import peoples_daily_documents
 from sampan.text.corpus.poetry import poetry_documents
@@ -33,6 +34,14 @@ CORPORA: dict[str, CorpusSpec] = {
     # Fetched once with `sampan data fetch poetry` (npm, not a Python package): see corpus/poetry.py.
     "poetry": CorpusSpec(poetry_documents, 0.05,
                          "全唐诗 (npm chinese-poetry 2.0.1, simplified): 55K Tang poems; `sampan data fetch poetry`"),
+    # Fetched once with `sampan data fetch debian-zh` (apt-get download, not a Python package): see
+    # corpus/debian_zh.py. One document per package file; fortunes-zh is served apart (not modern prose).
+    "debian-zh": CorpusSpec(debian_zh_documents, 0.05,
+                            "modern Simplified-Chinese prose from 8 Debian documentation packages (LibreOffice "
+                            "help, man pages, Debian reference...); `sampan data fetch debian-zh`"),
+    "debian-zh-classical": CorpusSpec(debian_zh_classical_documents, 0.05,
+                                      "fortunes-zh (Debian): classical quotations, Tang / Song poems; "
+                                      "`sampan data fetch debian-zh`"),
 }
 
 
