@@ -28,7 +28,7 @@ from sampan.text.corpus.debian_zh import (
     fetch_debian_zh,
 )
 from sampan.text.corpus.document import held_out
-from sampan.text.corpus.zh_prose import ProseFilter, fortune_entries, man_paragraphs, normalise
+from sampan.text.corpus.zh_prose import ProseFilter, fortune_entries, han_share, man_paragraphs, normalise
 
 PACKAGE = "sampan-test-doc-zh"
 ROOT = f"usr/share/doc/{PACKAGE}"
@@ -297,8 +297,10 @@ def test_normalisation_and_the_filter():
     assert not keep.keep("第一章 软件包管理系统的基本概念")  # a heading: 14 Han, no sentence end
     assert keep.keep("显示详细的处理过程，便于查找原因。")  # 15 Han, but a whole sentence
     assert not keep.keep("请按确定。")  # a sentence, but under min_sentence_han
-    # 12 Han among 58 visible characters: a command line with a few words of Chinese
-    assert not keep.keep("运行 apt-get install --no-install-recommends build-essential 来安装编译所需要的工具。")
+    # a command in a sentence is one unit: 13 Han of 18 units; a list of 20 formats: 25 of 47
+    assert han_share("运行 apt-get install --no-install-recommends build-essential 来安装编译所需要的工具。") == 13 / 18
+    formats = "支持下列磁盘格式：" + ", ".join(f"fmt{i}" for i in range(20)) + "以及其他几种很少使用的格式，详见文档"
+    assert han_share(formats) == 25 / 47 and not keep.keep(formats)
     assert man_paragraphs(".SH 名称\nls \\- 列出目录内容\n") == ["名称", "ls - 列出目录内容"]
     fortunes = "兰叶春葳蕤，桂华秋皎洁。\n欣欣此生意，自尔为佳节。\n\x1b[33m    -- 张九龄\x1b[m\n%\n第二条\n"
     assert fortune_entries(fortunes) == ["兰叶春葳蕤，桂华秋皎洁。欣欣此生意，自尔为佳节。", "第二条"]

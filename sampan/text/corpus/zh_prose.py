@@ -37,10 +37,13 @@ class ProseFilter:
     Fields:
         min_han: the fewest Han characters a paragraph needs (shorter ones are headings, table
             cells, menu names and labels, not prose).
-        min_han_ratio: the least share of Han characters among a paragraph's non-space
-            characters (Chinese punctuation counts against it, so pure prose scores ~0.85; a
-            sentence naming a command or two stays above 0.6, a command line with a Chinese
-            comment falls below).
+        min_han_ratio: the least ``han_share`` of a paragraph: Han characters among its
+            non-space characters, a run of ASCII (a command, a path, an option, an English word)
+            counting as one. Chinese punctuation counts against it, so plain prose scores ~0.85;
+            a technical sentence naming a few commands and paths stays above 0.6; an option list
+            or an English passage with a Chinese clause falls below. (Counting ASCII per
+            character instead would drop most of the Debian reference: its sentences are Chinese
+            but "/etc/apt/sources.list" alone is 21 characters.)
         min_sentence_han: a paragraph with fewer than ``min_han`` Han characters is still kept when
             it is a whole sentence (ends in 。！？, maybe inside a closing quote) with at least this
             many; headings, menu paths and table cells carry no sentence end. 0 turns this off.
@@ -64,8 +67,7 @@ class ProseFilter:
         if han < self.min_han and not (self.min_sentence_han and han >= self.min_sentence_han
                                        and _SENTENCE_END.search(paragraph)):
             return False
-        visible = len(paragraph) - paragraph.count(" ")
-        return han / visible >= self.min_han_ratio
+        return han_share(paragraph) >= self.min_han_ratio
 
 
 _SENTENCE_END = re.compile("[。！？][”’）]?$")
@@ -74,6 +76,19 @@ _SENTENCE_END = re.compile("[。！？][”’）]?$")
 def han_count(text: str) -> int:
     """How many Han characters ``text`` holds."""
     return len(_HAN.findall(text))
+
+
+_ASCII_RUN = re.compile(r"[!-~]+")
+
+
+def han_share(text: str) -> float:
+    """Han characters among the non-space characters of ``text``, each run of printable ASCII (a
+    word, a number, a path, an option) counted as one character: ``"用 apt 安装"`` is 4 / 5."""
+    han = han_count(text)
+    runs = len(_ASCII_RUN.findall(text))
+    other = len(_ASCII_RUN.sub("", text)) - text.count(" ") - han
+    units = han + runs + other
+    return han / units if units else 0.0
 
 
 def han_skeleton(text: str) -> str:
