@@ -318,3 +318,27 @@ def test_fetch_the_smallest_real_package_through_apt(tmp_path, monkeypatch):
     assert package["han"] > 5000 and package["files_read"] > 100
     docs = load_corpus("debian-zh", "all")
     assert docs and all(d.id.startswith("debian-zh/lilypond-doc-html-zh/usr/share/doc/lilypond/html/") for d in docs)
+
+
+def test_a_doc_directory_linked_to_another_package_is_recorded(tmp_path, monkeypatch):
+    """gimp-help-zh-cn's /usr/share/doc/gimp-help-zh-cn links to gimp-help-common, which holds the
+    copyright file: the manifest says where it is instead of a licence it cannot read."""
+    name = "sampan-test-linked-zh"
+    root = tmp_path / "pkg"
+    page = root / "usr/share/sampan-linked/zh_CN/index.html"
+    page.parent.mkdir(parents=True)
+    page.write_text(f"<p>{GUIDE_PROSE[0]}</p>", encoding="utf-8")
+    (root / "usr/share/doc").mkdir(parents=True)
+    (root / f"usr/share/doc/{name}").symlink_to("sampan-test-common")
+    (root / "DEBIAN").mkdir()
+    (root / "DEBIAN/control").write_text(f"Package: {name}\nVersion: 1\nArchitecture: all\nMaintainer: Sampan "
+                                         "<sampan@example.org>\nDescription: linked doc directory\n", encoding="utf-8")
+    (tmp_path / "debs").mkdir()
+    subprocess.run(["dpkg-deb", "--root-owner-group", "--build", str(root), str(tmp_path / f"debs/{name}_1_all.deb")],
+                   check=True, capture_output=True, timeout=60)
+    monkeypatch.setenv("SAMPAN_HOME", str(tmp_path / "home"))
+    out = fetch_debian_zh(DebianZhConfig(packages=(name,), deb_dir=str(tmp_path / "debs")), log=lambda m: None)
+    package = json.loads((out / "manifest.json").read_text(encoding="utf-8"))["packages"][name]
+    assert package["licenses"] == ["see package sampan-test-common's copyright file"]
+    assert "/usr/share/doc/sampan-test-common/copyright" in (out / package["copyright"]).read_text(encoding="utf-8")
+    assert [d.text for d in debian_zh_documents()] == [GUIDE_PROSE[0]]

@@ -157,9 +157,11 @@ _SKIP_XML = frozenset({
 })
 # A class (HTML) or role (XHP) token that marks navigation or code; matched as whole tokens, and
 # never on <html> / <body> (asciidoctor's <body class="book toc2 toc-left"> holds the whole page).
-_SKIP_CLASS = re.compile(r"nav\w*|toc\d*|breadcrumbs?|footer|header|sidebar|screen|programlisting|synopsis|code|"
-                         r"highlight|sourcecode|literallayout|listingblock|example-code", re.IGNORECASE)
-_SKIP_ID = frozenset({"navigation", "nav", "toc", "footer", "header", "sidebar", "breadcrumbs"})
+_SKIP_CLASS = re.compile(r"nav\w*|toc\d*|contents|breadcrumbs?|footer|header|sidebar|screen|programlisting|synopsis|"
+                         r"code|highlight|sourcecode|literallayout|listingblock|example-code", re.IGNORECASE)
+# texinfo's HTML (LilyPond) puts its table of contents and language list in these.
+_SKIP_ID = frozenset({"navigation", "nav", "toc", "tocframe", "languages", "footer", "header", "sidebar",
+                      "breadcrumbs"})
 _NEVER_SKIP = frozenset({"html", "body", "main"})
 # Elements that end a paragraph (HTML and the XML vocabularies together).
 _BLOCK = frozenset({
