@@ -79,6 +79,11 @@ class FinetuneConfig:
             sentence that has entities, every entity swapped for a random training mention of its
             type (``sampan.finetune.augment``); 0 = none. Dev and test are never augmented.
         augment_types: the entity types whose mentions are replaced (empty: all).
+        silver_corpora: ner only: corpus names (``sampan data`` corpora such as "reviews") whose
+            train-split sentences, tagged by Baidu LAC, join the training split as silver labels
+            (``sampan.finetune.silver``); dev and test stay gold. Empty: none.
+        silver_max_sentences: at most this many silver sentences (those LAC finds an entity in,
+            plus up to a fifth without one), small beside the gold so the gold still dominates.
         tag_transitions: ner: count a tag-bigram prior (``TagTransitions``) on the training
             split's gold tags, pick its weight on dev (0 included) and decode with it; it is
             stored in ``task.json`` and Taskflow decodes with it too. No effect on sentiment.
@@ -148,6 +153,8 @@ class FinetuneConfig:
     embedding_lora_alpha: float = 8.0
     augment_mentions: int = 0
     augment_types: tuple[str, ...] = ()
+    silver_corpora: tuple[str, ...] = ()
+    silver_max_sentences: int = 3000
     tag_transitions: bool = True
     pooling: str = "cls"
     dropout: float | None = None
@@ -170,6 +177,7 @@ class FinetuneConfig:
         resolve_nested(self)
         self.lora_targets, self.freeze = _names(self.lora_targets), _names(self.freeze)
         self.augment_types = _names(self.augment_types)
+        self.silver_corpora = _names(self.silver_corpora)
         need(self.task in TASKS, "task", f"must be one of {list(TASKS)}")
         need(self.method in METHODS, "method", f"must be one of {list(METHODS)}")
         need(self.save in SAVE_MODES, "save", f"must be one of {list(SAVE_MODES)}")
@@ -198,6 +206,10 @@ class FinetuneConfig:
         need(isinstance(self.augment_mentions, int) and not isinstance(self.augment_mentions, bool)
              and self.augment_mentions >= 0, "augment_mentions", "must be an integer >= 0 (0: none)")
         need(self.pooling in ("cls", "mean"), "pooling", "must be 'cls' or 'mean'")
+        need(not self.silver_corpora or self.task == "ner", "silver_corpora",
+             "adds LAC-tagged NER sentences, so it needs task='ner' (leave it empty)")
+        need(isinstance(self.silver_max_sentences, int) and not isinstance(self.silver_max_sentences, bool)
+             and self.silver_max_sentences >= 1, "silver_max_sentences", "must be an integer >= 1")
         need(self.pooling == "cls" or self.task == "sentiment_analysis", "pooling",
              "reduces a sentence to one vector, so it applies to task='sentiment_analysis' only; leave it 'cls'")
         need(self.dropout is None or (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0),

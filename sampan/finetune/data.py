@@ -8,6 +8,10 @@ Split rules (see docs/finetune.md):
   the test set; dev is carved out of train by a seeded hash of the paragraph id, so a paragraph's
   sentences all land on one side. Paragraphs are then cut into sentences (and windows of at most
   ``max_length - 2`` characters) with offsets kept.
+* builtin ner with ``silver_corpora``: LAC-tagged modern sentences from those corpora
+  (``sampan.finetune.silver``), at most ``silver_max_sentences``, join the training split after
+  it is cut (and after ``max_train_examples`` samples it); dev and test stay gold, and no silver
+  sentence repeats a dev or test text.
 * after splitting, any train or dev example whose text also occurs in test, and any train example
   whose text occurs in dev, is dropped: the corpus repeats some paragraphs and many short
   sentences (datelines), and an evaluation must never score text the model trained on.
@@ -55,7 +59,8 @@ class TaskExample:
 
 @dataclasses.dataclass
 class TaskData:
-    """The three splits and the label set (in id order: sentiment classes, or BIO tags for ner)."""
+    """The three splits and the label set (in id order: sentiment classes, or BIO tags for ner);
+    ``silver_examples``: how many of ``train`` are LAC-tagged silver sentences (at its end)."""
 
     train: list[TaskExample]
     dev: list[TaskExample]
@@ -63,6 +68,7 @@ class TaskData:
     labels: list[str]
     entity_types: list[str] = dataclasses.field(default_factory=list)
     dropped_duplicates: int = 0
+    silver_examples: int = 0
 
     def sizes(self) -> dict[str, int]:
         return {"train": len(self.train), "dev": len(self.dev), "test": len(self.test)}
@@ -115,6 +121,20 @@ def _builtin_ner(max_chars: int) -> tuple[list[TaskExample], list[TaskExample]]:
         return [ex for d in docs for ex in split_for_ner(d.id, d.text, d.entities, max_chars)]
 
     return convert(load_corpus("news", "train")), convert(load_corpus("news", "test"))
+
+
+MODERN_NER_FILE = Path(__file__).resolve().parent / "testsets" / "ner_modern.jsonl"
+
+
+def load_modern_ner() -> list[TaskExample]:
+    """The hand-labelled modern NER gold set (``sampan/finetune/testsets/README.md``): 271 sentences
+    of 2020s prose, PER / LOC / ORG spans; ``group`` holds each sentence's register (news, campus...)."""
+    examples = []
+    for line in MODERN_NER_FILE.read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        spans = tuple((int(s), int(e), str(t)) for s, e, t in row["entities"])
+        examples.append(TaskExample(row["id"], row["text"], None, spans, row["register"]))
+    return examples
 
 
 # -- user files ------------------------------------------------------------------------------------
@@ -230,8 +250,15 @@ def _sample(examples: list[TaskExample], limit: int | None, seed: int) -> list[T
 
 def load_task_data(task: str, data: str = "builtin", max_length: int = 128, dev_fraction: float = 0.1,
                    seed: int = 0, max_train_examples: int | None = None,
-                   max_eval_examples: int | None = None) -> TaskData:
-    """Build the train / dev / test examples of ``task`` from ``data`` (see the module docstring)."""
+                   max_eval_examples: int | None = None, silver_corpora: Sequence[str] = (),
+                   silver_max_sentences: int = 3000) -> TaskData:
+    """Build the train / dev / test examples of ``task`` from ``data`` (see the module docstring).
+
+    ``silver_corpora`` (ner only): corpus names (``sampan.text.corpus.CORPORA``) whose sentences,
+    tagged by LAC, are added to the training split, at most ``silver_max_sentences`` of them.
+    """
+    if silver_corpora and task != "ner":
+        raise ValueError(f"silver_corpora adds LAC-tagged NER sentences; task {task!r} is not ner (leave it empty)")
     max_chars = max_length - 2  # [CLS] and [SEP]; one token per character at most, see encoding.py
     dropped = 0
     if data == "builtin":
@@ -272,9 +299,20 @@ def load_task_data(task: str, data: str = "builtin", max_length: int = 128, dev_
         if not types:
             raise ValueError(f"{data}: no entities found in any example")
         labels = bio_labels(types)
-    return TaskData(
-        train=_sample(train, max_train_examples, seed),
-        dev=_sample(dev, max_eval_examples, seed + 1),
-        test=_sample(test, max_eval_examples, seed + 2),
-        labels=labels, entity_types=types, dropped_duplicates=dropped,
-    )
+    train, dev, test = (_sample(train, max_train_examples, seed), _sample(dev, max_eval_examples, seed + 1),
+                        _sample(test, max_eval_examples, seed + 2))
+    silver: list[TaskExample] = []
+    if silver_corpora:
+        from sampan.finetune.silver import silver_ner_examples
+
+        held = {ex.text for ex in dev + test}
+        silver, report = silver_ner_examples(list(silver_corpora), silver_max_sentences, max_chars, seed,
+                                             exclude=held)
+        unknown = sorted({t for ex in silver for _, _, t in ex.entities} - set(types))
+        if unknown:
+            raise ValueError(f"silver entity types {unknown} are not in the data's types {types}")
+        print(f"silver: {len(silver):,} LAC-tagged sentences from {', '.join(silver_corpora)} "
+              f"({report.with_entities:,} with entities {report.entities}, {report.entity_free:,} without; "
+              f"{report.scanned:,} tagged) beside {len(train):,} gold")
+    return TaskData(train=train + silver, dev=dev, test=test, labels=labels, entity_types=types,
+                    dropped_duplicates=dropped, silver_examples=len(silver))

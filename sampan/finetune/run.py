@@ -95,7 +95,8 @@ def finetune(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = None
     out = Path(training.output_dir)
     _prepare_output_dir(out, training.overwrite_output_dir)
     data = load_task_data(cfg.task, cfg.data, cfg.max_length, cfg.dev_fraction, training.seed,
-                          cfg.max_train_examples, cfg.max_eval_examples)
+                          cfg.max_train_examples, cfg.max_eval_examples, cfg.silver_corpora,
+                          cfg.silver_max_sentences)
     base = load_base(cfg.model, [ex.text for ex in data.train], cfg.tokenizer_vocab_size)
     originals = len(data.train)  # the tag-bigram prior is counted on these, not on augmented copies
     if cfg.augment_mentions:  # after load_base: a tokenizer trained here sees the real sentences only

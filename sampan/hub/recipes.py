@@ -98,7 +98,7 @@ TASK_RENAMED = {
     **{key: f"finetune.{key}" for key in (
         "method", "lora_rank", "lora_targets", "max_length", "max_train_examples", "max_eval_examples", "save",
         "freeze", "embedding_lora_rank", "embedding_lora_alpha", "augment_mentions", "augment_types",
-        "tag_transitions", "pooling", "dropout")}}
+        "tag_transitions", "pooling", "dropout", "silver_corpora", "silver_max_sentences")}}
 TASK_OWNED = {"finetune.task": "set by the recipe (its task)",
               "finetune.training.output_dir": "set by the recipe ($SAMPAN_HOME/build/NAME)"}
 
