@@ -92,6 +92,12 @@ demo \- 演示程序
 .TP
 .BR \-v ", " \-\-verbose
 显示详细的处理过程，便于在出现问题时查找原因。
+.SH 内存管理
+下表列出不同数据块长度下的内存用量，以及压缩后的文件长度。
+           压缩时      解压缩     解压缩 -s     语料库文件
+    Flag   内存用量   内存用量   选项内存用量   压缩长度
+.PP
+ 这一行以一个空格开头，就像 PostgreSQL 的手册页那样，但它仍然是正文。
 .SH 示例
 .nf
 demo \-v 输入文件 > 输出文件  # 这是示例代码块里面的中文说明文字，不会被保留
@@ -101,6 +107,8 @@ MAN_PROSE = [
     "demo 程序读取配置文件，然后按照其中的设置处理输入数据，并把结果写到标准输出上。",
     "如果没有给出任何文件名，程序就从标准输入读取数据，直到遇到文件结束符为止。",
     "显示详细的处理过程，便于在出现问题时查找原因。",  # 19 Han, but a whole sentence
+    "下表列出不同数据块长度下的内存用量，以及压缩后的文件长度。",  # the hand-laid table after it goes
+    "这一行以一个空格开头，就像 PostgreSQL 的手册页那样，但它仍然是正文。",
 ]
 
 NUMERALS = "一二三四五六七八九十"
@@ -203,7 +211,7 @@ def test_repeats_are_kept_once_and_boilerplate_nowhere(home):
     assert everything.count(SHARED) == 1 and SHARED in rows[f"{PREFIX}{ROOT}/pages/page00.html"]["paragraphs"]
     assert not [p for p in everything if "v6.0" in p]  # the near-duplicate of page 2
     assert BOILERPLATE not in everything  # on all 40 pages
-    assert len(everything) == len(set(everything)) == 4 + 2 + 3 + 40 + 1
+    assert len(everything) == len(set(everything)) == 4 + 2 + 5 + 40 + 1
     stats = json.loads((home / "corpora/debian-zh/manifest.json").read_text(encoding="utf-8"))["packages"][PACKAGE]
     assert stats["duplicates_dropped"] == 2 and stats["boilerplate_dropped"] == 40
     assert stats["paragraphs"] == len(everything) and stats["documents"] == len(rows) == 43
@@ -302,7 +310,8 @@ def test_normalisation_and_the_filter():
     formats = "支持下列磁盘格式：" + ", ".join(f"fmt{i}" for i in range(20)) + "以及其他几种很少使用的格式，详见文档"
     assert han_share(formats) == 25 / 47 and not keep.keep(formats)
     assert man_paragraphs(".SH 名称\nls \\- 列出目录内容\n") == ["名称", "ls - 列出目录内容"]
-    fortunes = "兰叶春葳蕤，桂华秋皎洁。\n欣欣此生意，自尔为佳节。\n\x1b[33m    -- 张九龄\x1b[m\n%\n第二条\n"
+    fortunes = ("\x1b[32m《感遇・其一》\x1b[m\n\x1b[33m作者：张九龄\x1b[m\n兰叶春葳蕤，桂华秋皎洁。\n欣欣此生意，自尔为佳节。\n"
+                "%\n第二条\n    -- 《增广贤文》\n")
     assert fortune_entries(fortunes) == ["兰叶春葳蕤，桂华秋皎洁。欣欣此生意，自尔为佳节。", "第二条"]
 
 

@@ -21,7 +21,7 @@ class FetchOptions:
         corpus_name: the corpus to fetch (poetry: 全唐诗 from npm's chinese-poetry; debian-zh: Chinese
             prose from Debian documentation packages, through apt-get download).
         tarball: poetry: use this chinese-poetry-2.0.1.tgz instead of downloading it.
-        packages: debian-zh: the Debian packages to read (default: all nine of
+        packages: debian-zh: the Debian packages to read (default: all eight of
             sampan.text.corpus.debian_zh.PACKAGES).
         deb_dir: debian-zh: read the packages' NAME_*.deb files from this directory instead of
             running apt-get download (a machine without apt or network).
@@ -141,9 +141,9 @@ def register(subparsers) -> None:
         description="poetry: download npm chinese-poetry 2.0.1 (85 MB) from the npm registry, check its sha512, "
                     "convert its 55K Tang poems to simplified characters and store them under "
                     "$SAMPAN_HOME/corpora (once; then `--corpus poetry` works in data build). "
-                    "debian-zh: `apt-get download` nine Debian documentation packages (~115 MB; LibreOffice help, "
-                    "man pages, the Debian reference, GIMP / KiCad / LinuxCNC / LilyPond / Debian Edu manuals, "
-                    "fortunes), read their HTML / XHP / man / PDF files without installing them, keep the "
+                    "debian-zh: `apt-get download` eight Debian documentation packages (~90 MB; LibreOffice help, "
+                    "man pages, the Debian reference, GIMP / KiCad / LilyPond / Debian Edu manuals, "
+                    "fortunes), read their HTML / XHP / man pages without installing them, keep the "
                     "Han-majority paragraphs, deduplicate, and store them with a manifest (versions, .deb "
                     "SHA-256, licences) under $SAMPAN_HOME/corpora/debian-zh; then `--corpus debian-zh` (and "
                     "debian-zh-classical: the fortunes) works. Progress per package on stderr.",

@@ -1,15 +1,15 @@
 """``debian-zh``: modern Simplified-Chinese prose from Debian's documentation packages, fetched once.
 
 ``sampan data fetch debian-zh`` downloads each package with ``apt-get download`` (no install),
-reads its HTML / XHP / man pages / PDF / text files straight out of the .deb (``sampan.text.corpus.deb``),
+reads its HTML / XHP / DocBook / man pages / text files straight out of the .deb (``sampan.text.corpus.deb``),
 keeps the Han-majority paragraphs (``sampan.text.corpus.zh_prose``), drops repeats and boilerplate
 across the whole corpus, and writes ``documents.jsonl`` + ``manifest.json`` (package versions,
 .deb SHA-256, licences, files read, what was kept) + each package's ``copyright`` file under
 ``$SAMPAN_HOME/corpora/debian-zh/``, atomically. A machine without apt (or without network) can
 pass a directory of .debs fetched elsewhere (``--deb-dir``).
 
-Every document is one file of a package (a PDF: one page; a fortune file: one entry), its id
-``debian-zh/<package>/<path inside the package>`` (``#<n>`` for a page or an entry), its text the
+Every document is one file of a package (a fortune file: one entry), its id
+``debian-zh/<package>/<path inside the package>`` (``#<n>`` for a fortune entry), its text the
 kept paragraphs joined by newlines. ``fortunes-zh`` (classical quotations and Tang / Song poems)
 is tagged ``register: classical`` and served as the separate corpus ``debian-zh-classical``.
 """
@@ -20,8 +20,6 @@ import dataclasses
 import json
 import os
 import re
-import shutil
-import subprocess
 import tempfile
 import time
 from collections import Counter
@@ -65,9 +63,11 @@ class DebSource:
     register: Register = "modern"
 
 
-_READABLE = r".*\.(?:html?|xhtml|xhp|xml|dbk|txt|pdf)(?:\.gz)?|usr/share/man/[^/]+/man\d\w*/.*"
+_READABLE = r".*\.(?:html?|xhtml|xhp|xml|dbk|txt)(?:\.gz)?|usr/share/man/[^/]+/man\d\w*/.*"
 # The packages of issue 39, in the order that decides which copy of a repeated paragraph is kept
 # (modern prose first, the fortunes, which quote the Debian reference, last). Checked in Debian 12.
+# Not here: linuxcnc-doc-zh-cn (2.9.0~pre1), whose zh_CN PDFs (1,336 pages) and HTML page hold no
+# Chinese at all (untranslated).
 PACKAGES: tuple[DebSource, ...] = (
     DebSource("debian-reference-zh-cn", r"usr/share/debian-reference/.*\.html"),
     DebSource("debian-edu-doc-zh-cn", r"usr/share/doc/debian-edu-doc-zh-cn/.*\.html"),
@@ -75,7 +75,6 @@ PACKAGES: tuple[DebSource, ...] = (
     DebSource("gimp-help-zh-cn", r"usr/share/gimp/2\.0/help/zh_CN/.*\.html"),
     DebSource("kicad-doc-zh", r"usr/share/doc/kicad/help/zh/.*\.html"),
     DebSource("lilypond-doc-html-zh", r"usr/share/doc/lilypond/html/.*\.zh\.html"),
-    DebSource("linuxcnc-doc-zh-cn", r"usr/share/doc/linuxcnc/.*\.(?:html|pdf)"),
     # zh_CN only: its zh_TW pages are the same translations in traditional characters.
     DebSource("manpages-zh", r"usr/share/man/zh_CN/man\d\w*/.*"),
     DebSource("fortunes-zh", r"usr/share/games/fortunes/(?:chinese|tang300|song100)", "classical"),
@@ -85,7 +84,7 @@ KNOWN = {p.name: p for p in PACKAGES}
 
 def source_for(name: str) -> DebSource:
     """The known ``DebSource`` of package ``name``, or for any other package one that reads all its
-    HTML / XHP / DocBook / man / PDF / text files except traditional-Chinese (zh_TW / zh_HK) ones."""
+    HTML / XHP / DocBook / man / text files except traditional-Chinese (zh_TW / zh_HK) ones."""
     check_package_name(name)
     return KNOWN.get(name) or DebSource(name, _READABLE)
 
@@ -285,25 +284,9 @@ def _file_documents(name: str, data: bytes) -> list[tuple[str, list[str]]] | Non
         return [("", markup_paragraphs(data.decode("utf-8", errors="replace")))]
     if lower.endswith((".xhp", ".xml", ".dbk")):
         return [("", markup_paragraphs(data.decode("utf-8", errors="replace"), xml=True))]
-    if lower.endswith(".pdf"):
-        return [(f"#p{i}", text_paragraphs(page)) for i, page in enumerate(_pdf_pages(name, data), 1)]
     if lower.endswith(".txt"):
         return [("", text_paragraphs(data.decode("utf-8", errors="replace")))]
     return None
-
-
-def _pdf_pages(name: str, data: bytes) -> list[str]:
-    """The text of each page of a PDF, through poppler's ``pdftotext`` (Debian package poppler-utils)."""
-    tool = shutil.which("pdftotext")
-    if tool is None:
-        raise RuntimeError(f"{name} is a PDF and reading it needs `pdftotext`: install it with "
-                           "`apt-get install poppler-utils`, or leave this package out (--packages)")
-    with tempfile.NamedTemporaryFile(suffix=".pdf") as pdf:
-        pdf.write(data)
-        pdf.flush()
-        text = subprocess.run([tool, "-enc", "UTF-8", "-q", pdf.name, "-"], check=True, capture_output=True,
-                              timeout=900).stdout.decode("utf-8", errors="replace")
-    return text.split("\f")
 
 
 def _licenses(copyright_text: str | None) -> list[str]:
@@ -363,7 +346,7 @@ def fetched_documents_file() -> Path:
     path = debian_zh_dir() / DOCUMENTS_FILE
     if not path.is_file():
         raise FileNotFoundError(f"the debian-zh corpus is not fetched yet: run `sampan data fetch debian-zh` first "
-                                f"(apt-get downloads {len(PACKAGES)} Debian documentation packages, ~115 MB, "
+                                f"(apt-get downloads {len(PACKAGES)} Debian documentation packages, ~90 MB, "
                                 f"once, into {debian_zh_dir()})")
     return path
 

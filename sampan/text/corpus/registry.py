@@ -37,7 +37,7 @@ CORPORA: dict[str, CorpusSpec] = {
     # Fetched once with `sampan data fetch debian-zh` (apt-get download, not a Python package): see
     # corpus/debian_zh.py. One document per package file; fortunes-zh is served apart (not modern prose).
     "debian-zh": CorpusSpec(debian_zh_documents, 0.05,
-                            "modern Simplified-Chinese prose from 8 Debian documentation packages (LibreOffice "
+                            "modern Simplified-Chinese prose from 7 Debian documentation packages (LibreOffice "
                             "help, man pages, Debian reference...); `sampan data fetch debian-zh`"),
     "debian-zh-classical": CorpusSpec(debian_zh_classical_documents, 0.05,
                                       "fortunes-zh (Debian): classical quotations, Tang / Song poems; "

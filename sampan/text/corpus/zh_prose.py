@@ -267,6 +267,9 @@ _CODE_START = {"nf": "fi", "EX": "EE", "Vb": "Ve", "ig": "..", "de": "..", "am":
                "PS": "PE"}
 
 
+_HAND_LAID = re.compile(r"(?:\t| {2,})|\s.*\S {3,}\S")
+
+
 def _unescape_groff(text: str) -> str:
     def one(m: re.Match) -> str:
         glyph = m.group(1) or m.group(2)
@@ -289,7 +292,7 @@ def _macro_args(rest: str) -> list[str]:
 def man_paragraphs(source: str) -> list[str]:
     """The normalised paragraphs of a groff man page: running text and the arguments of font
     macros (``.B``, ``.BR``...), with comments, macro definitions, ``.nf`` / ``.EX`` / ``.TS`` blocks
-    (examples, tables) and the title line left out; a ``.TP`` tag (the option it describes) is a
+    (examples, tables), indented or column-aligned lines (laid out by hand) and the title line left out; a ``.TP`` tag (the option it describes) is a
     paragraph of its own, so the Han filter drops it."""
     paragraphs: list[str] = []
     current: list[str] = []
@@ -336,6 +339,12 @@ def man_paragraphs(source: str) -> list[str]:
         elif not line.strip():
             flush()
             continue
+        elif _HAND_LAID.match(line):
+            # groff sets a line that starts with a space as it stands: hand-laid tables and examples
+            # are indented further or aligned in columns (the PostgreSQL pages start every prose
+            # line with a single space, so one space alone is not enough)
+            flush()
+            continue
         else:
             current.append(line)
         if tag_next:
@@ -373,12 +382,17 @@ def text_paragraphs(text: str) -> list[str]:
     return paragraphs
 
 
+_COLOURED_LINE = re.compile(r"(?m)^\s*\x1b\[.*$")
+
+
 def fortune_entries(text: str) -> list[str]:
     """The entries of a fortune file (separated by lines holding only ``%``), each as one
-    normalised paragraph (a poem's lines join into one)."""
+    normalised paragraph (a poem's lines join into one). fortunes-zh prints a poem's title and
+    author, a quotation's source and an excerpt's heading in colour: those lines (starting with a
+    terminal colour code) are metadata, not text, and go."""
     entries = []
     for entry in re.split(r"(?m)^%\s*$", text):
-        para = " ".join(text_paragraphs(entry))
+        para = " ".join(text_paragraphs(_COLOURED_LINE.sub("", entry)))
         para = normalise(para)
         if para:
             entries.append(para)
