@@ -246,6 +246,12 @@ def test_a_second_fetch_is_a_no_op_and_a_forced_one_gives_the_same_bytes(home, f
     fetch_debian_zh(DebianZhConfig(packages=(PACKAGE,), deb_dir=str(fetched[1].parent), force=True),
                     log=lines.append)
     assert (out / DOCUMENTS_FILE).read_bytes() == before[1]
+    lines.clear()  # other thresholds are another corpus: rebuilt without --force
+    fetch_debian_zh(DebianZhConfig(packages=(PACKAGE,), deb_dir=str(fetched[1].parent), min_han=30), log=lines.append)
+    assert not [line for line in lines if "already fetched" in line]
+    assert json.loads((out / "manifest.json").read_text(encoding="utf-8"))["thresholds"]["min_han"] == 30
+    fetch_debian_zh(config, log=lines.append)  # and back, for the tests after this one
+    assert (out / DOCUMENTS_FILE).read_bytes() == before[1]
     assert not [p.name for p in out.parent.iterdir() if p.name.startswith(".")]  # no temporary left
 
 

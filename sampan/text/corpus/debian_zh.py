@@ -100,7 +100,8 @@ class DebianZhConfig:
             download`` (for a machine without apt or network).
         force: fetch again even when the corpus is there.
         min_han: a paragraph needs at least this many Han characters (``ProseFilter.min_han``).
-        min_han_ratio: and at least this share of Han among its non-space characters.
+        min_han_ratio: and at least this Han share (``zh_prose.han_share``: Han characters among
+            its non-space characters, a run of ASCII counting as one).
         min_sentence_han: a shorter paragraph is still kept when it is one whole sentence (ends
             in 。！？) with at least this many Han characters; 0 turns that off.
         boilerplate_docs: a paragraph (by its Han characters alone) found in at least this many
@@ -128,6 +129,11 @@ class DebianZhConfig:
                              f"got {self.boilerplate_docs}")
         self.prose_filter()  # validates the thresholds
 
+    def thresholds(self) -> dict[str, int | float]:
+        """The extraction thresholds, as the manifest records them."""
+        return {"min_han": self.min_han, "min_han_ratio": self.min_han_ratio,
+                "min_sentence_han": self.min_sentence_han, "boilerplate_docs": self.boilerplate_docs}
+
     def prose_filter(self) -> ProseFilter:
         """The paragraph filter these thresholds make."""
         return ProseFilter(self.min_han, self.min_han_ratio, self.min_sentence_han)
@@ -143,17 +149,20 @@ def debian_zh_dir() -> Path:
 def fetch_debian_zh(config: DebianZhConfig | None = None, log: Callable[[str], None] = print) -> Path:
     """Download, read, filter, deduplicate and store the packages of ``config``; returns the directory.
 
-    Nothing is done when every requested package is already there (unless ``config.force``); a
-    request naming a package not there yet rebuilds the corpus from those requested and those
-    already there, so nothing fetched before is lost. The directory appears complete or not at all.
+    Nothing is done when every requested package is already there under the same thresholds
+    (unless ``config.force``); a request naming a package not there yet, or other thresholds,
+    rebuilds the corpus from the packages requested and those already there, so nothing fetched
+    before is lost. The directory appears complete or not at all.
     """
     config = config or DebianZhConfig()
     target = debian_zh_dir()
     manifest_path = target / "manifest.json"
     present: list[str] = []
     if manifest_path.is_file() and (target / DOCUMENTS_FILE).is_file():
-        present = list(json.loads(manifest_path.read_text(encoding="utf-8"))["packages"])
-        if not config.force and set(config.packages) <= set(present):
+        old = json.loads(manifest_path.read_text(encoding="utf-8"))
+        present = list(old["packages"])
+        same = old.get("format") == FORMAT and old.get("thresholds") == config.thresholds()
+        if not config.force and same and set(config.packages) <= set(present):
             log(f"debian-zh: already fetched ({target}: {', '.join(present)}); --force fetches again")
             return target
     order = {p.name: i for i, p in enumerate(PACKAGES)}
@@ -185,10 +194,9 @@ def fetch_debian_zh(config: DebianZhConfig | None = None, log: Callable[[str], N
                     "files_read": len(package.files), **stats[package.source.name], "files": package.files,
                 }
             manifest = {
-                "corpus": CORPUS, "format": FORMAT, "source": "Debian binary packages via `apt-get download`",
-                "thresholds": {"min_han": config.min_han, "min_han_ratio": config.min_han_ratio,
-                               "min_sentence_han": config.min_sentence_han,
-                               "boilerplate_docs": config.boilerplate_docs},
+                "corpus": CORPUS, "format": FORMAT,
+                "source": f".debs in {config.deb_dir}" if config.deb_dir else "`apt-get download` (Debian packages)",
+                "thresholds": config.thresholds(),
                 "totals": {key: sum(p[key] for p in packages.values())
                            for key in ("documents", "paragraphs", "han", "characters")},
                 "packages": packages,
