@@ -193,6 +193,12 @@ class _ProseParser(HTMLParser):
             return True
         if tag in _NEVER_SKIP:
             return False
+        names = {name for name, _ in attrs}
+        if "hidden" in names and "class" in names:
+            # LibreOffice's help renders XHP's platform / module variants (Command on a Mac, Ctrl
+            # elsewhere; a Writer and a Calc wording) as hidden spans of that class, the default as a
+            # hidden span with none, and lets a script show one: keep the default, as for XHP.
+            return True
         for name, value in attrs:
             if not value:
                 continue
