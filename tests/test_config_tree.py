@@ -136,7 +136,7 @@ def test_every_flag_of_every_verb_comes_from_its_config(verbs):
     from sampan.store.models import RECIPE_NAMES
 
     handlers = {p.prog.removeprefix("sampan ") for p in verbs if p.get_default("func") is not None}
-    actions = {"data": ["build", "build-chat", "fetch"], "hub": ["list", "evaluate", *(f"build {r}" for r in RECIPE_NAMES)],
+    actions = {"data": ["build", "build-chat", "build-ocr", "fetch"], "hub": ["list", "evaluate", *(f"build {r}" for r in RECIPE_NAMES)],
                "bench": ["comm"]}
     assert handlers == {f"{verb} {action}" if verb in actions else verb for verb in COMMANDS
                         for action in actions.get(verb, [""])} | {f"{v} {a}" for v in actions for a in actions[v]}
