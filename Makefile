@@ -24,16 +24,24 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 # System packages the tests drive: Debian's Chromium for the serving browser test (no browser
-# download) and a CJK font so Chinese renders as text. Installed with apt-get as root or through
-# sudo; without either, the browser test is skipped and make test's last line says so.
+# download), and CJK fonts so Chinese renders as text in the browser and in `sampan data build-ocr`
+# (docs/ocr.md): two hei (sans) designs, a song (Ming) and a kai, ~25 MB of downloads; add
+# fonts-noto-cjk (57 MB: Noto Sans / Serif CJK) with `make system-deps CJK_FONTS="... fonts-noto-cjk"`.
+# Only what is missing is installed, with apt-get as root or through sudo; without either, the
+# browser test is skipped and make test's last line says so.
+CJK_FONTS ?= fonts-wqy-microhei fonts-wqy-zenhei fonts-arphic-uming fonts-arphic-ukai
 system-deps:
-	@if [ -x /usr/bin/chromium ]; then exit 0; fi; \
+	@MISSING=""; \
+	[ -x /usr/bin/chromium ] || MISSING="chromium chromium-driver"; \
+	if command -v dpkg-query >/dev/null; then for p in $(CJK_FONTS); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || MISSING="$$MISSING $$p"; done; fi; \
+	if [ -z "$$MISSING" ]; then exit 0; fi; \
 	if [ "$$(id -u)" -eq 0 ]; then SUDO=""; \
 	elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then SUDO="sudo"; \
-	else echo "system-deps: no root or sudo, so Chromium is not installed (the browser test will be skipped)"; exit 0; fi; \
+	else echo "system-deps: no root or sudo, so these are not installed:$$MISSING (without Chromium the browser" \
+	  "test will be skipped; sampan data build-ocr needs the CJK fonts)"; exit 0; fi; \
 	$$SUDO apt-get update -q && \
-	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-	  chromium chromium-driver fonts-wqy-microhei
+	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$MISSING
 
 # Test tools (pytest, ruff, transformers for the HF-checkpoint tests) on top of the runtime.
 $(DEV_STAMP): $(STAMP)
