@@ -55,6 +55,7 @@ HOMONYMS: dict[str, dict[str, str]] = {
         "ExportOptions": "the inference directory written",
         "ReportOptions": "the report's PNG file",
         "BuildOptions": "the model store a recipe writes into",
+        "OcrDataConfig": "the OCR data set's directory (images, labels, manifest)",
     },
     "overwrite": {
         "DataBuildConfig": "replace an existing data build",
@@ -71,6 +72,15 @@ HOMONYMS: dict[str, dict[str, str]] = {
     "workers": {
         "DataBuildConfig": "processes that segment, tag and tokenize a build",
         "ServeSpec": "uvicorn worker processes, each with its own copy of the models",
+        "OcrDataConfig": "processes that render OCR images (the bytes do not depend on it)",
+    },
+    "corpora": {
+        "DataBuildConfig": "the corpora tokenized into shards",
+        "OcrDataConfig": "the corpora OCR lines and pages are cut from",
+    },
+    "seed": {
+        "TrainingArguments": "the run's seed (initialisation, data order, dropout)",
+        "OcrDataConfig": "the seed every rendered OCR image's generator derives from",
     },
     "strategy": {
         "TrainingArguments": "the run's hybrid-parallel layout, validated into DistributedStrategy's dict",

@@ -51,7 +51,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("distributed",),
     ("trainer",),
     ("pretraining", "finetune", "planner"),
-    ("inference",),
+    ("inference", "vision"),
     ("taskflow",),
     ("serving",),
     ("hub",),

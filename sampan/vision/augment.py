@@ -15,10 +15,11 @@ import io
 import numpy as np
 from PIL import Image, ImageFilter
 
+from sampan.utils.config import resolve_nested
 from sampan.vision import geometry
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class AugmentConfig:
     """How often, and how strongly, each degradation is applied (probabilities in [0, 1]).
 
@@ -51,6 +52,7 @@ class AugmentConfig:
     jpeg_quality: tuple[int, int] = (20, 90)
 
     def __post_init__(self) -> None:
+        resolve_nested(self)  # a run file's or the manifest's [low, high] lists become tuples
         for name in ("rotate_prob", "perspective_prob", "lowres_prob", "blur_prob", "noise_prob", "jpeg_prob"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} is a probability in [0, 1], got {getattr(self, name)}")

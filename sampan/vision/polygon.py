@@ -41,6 +41,10 @@ def perimeter(poly) -> float:
     return float(np.linalg.norm(p - np.roll(p, -1, axis=0), axis=1).sum())
 
 
+def _cross(a: np.ndarray, b: np.ndarray) -> float:
+    return float(a[0] * b[1] - a[1] * b[0])
+
+
 def convex_hull(points) -> np.ndarray:
     """Convex hull (Andrew's monotone chain), clockwise on screen; collinear points dropped."""
     pts = np.unique(np.asarray(points, dtype=np.float64).reshape(-1, 2), axis=0)  # sorted by x, then y
@@ -50,7 +54,7 @@ def convex_hull(points) -> np.ndarray:
     def half(seq):
         out: list = []
         for p in seq:
-            while len(out) >= 2 and np.cross(out[-1] - out[-2], p - out[-2]) <= 0:
+            while len(out) >= 2 and _cross(out[-1] - out[-2], p - out[-2]) <= 0:
                 out.pop()
             out.append(p)
         return out

@@ -3,9 +3,9 @@ quadrilateral) and a page (paragraphs and headings in one or two columns, blocks
 angles, one quadrilateral per line).
 
 Text is drawn one character at a time at whole-pixel positions into a coverage mask, so each
-character's box is the exact extent of the bitmap FreeType drew for it (Pillow's ``getbbox``) and the
-line's box is their union: tight on the ink, as a detector's labels should be. The mask is then
-coloured onto a background (flat, gradient or paper texture). Pillow's basic layout engine is forced:
+character's box is the exact extent of the ink FreeType drew for it (``ink_box``) and the line's box
+is their union: tight on the ink, as a detector's labels should be. The mask is then coloured onto a
+background (flat, gradient or paper texture). Pillow's basic layout engine is forced:
 raqm is present on some machines and not others, and the same seed must give the same pixels.
 """
 
@@ -30,6 +30,19 @@ def pil_font(path: str, index: int, size: int) -> ImageFont.FreeTypeFont:
     return ImageFont.truetype(path, size, index=index, layout_engine=ImageFont.Layout.BASIC)
 
 
+@lru_cache(maxsize=65536)
+def ink_box(font: ImageFont.FreeTypeFont, ch: str) -> tuple[int, int, int, int] | None:
+    """The pixels ``ch`` inks when drawn at (0, 0), as ``x0, y0, x1, y1`` (None: no ink). Not
+    ``getbbox``: that one reaches the advance on the right and the line's extent vertically, so
+    "。" would get a full-width box."""
+    bitmap, (dx, dy) = font.getmask2(ch, mode="L")
+    try:
+        box = bitmap.getbbox(False)  # Pillow >= 9.4 takes alpha_only
+    except TypeError:
+        box = bitmap.getbbox()
+    return None if box is None else (dx + box[0], dy + box[1], dx + box[2], dy + box[3])
+
+
 def draw_text(mask: Image.Image, xy: tuple[float, float], text: str, font: ImageFont.FreeTypeFont,
               spacing: float = 0.0) -> np.ndarray:
     """Draw ``text`` into the L-mode ``mask`` with its top-left (ascender line) at ``xy``, character by
@@ -42,13 +55,12 @@ def draw_text(mask: Image.Image, xy: tuple[float, float], text: str, font: Image
     for i, ch in enumerate(text):
         advance = font.getlength(ch)
         left = int(round(x))
-        if ch.strip():
-            draw.text((left, y), ch, fill=255, font=font)
-            x0, y0, x1, y1 = font.getbbox(ch)
-            # A glyph with no ink (a rare blank cell) still gets its advance cell.
-            boxes[i] = (left + x0, y + y0, left + x1, y + y1) if x1 > x0 and y1 > y0 else (left, y, left + advance, y)
-        else:
+        box = ink_box(font, ch) if ch.strip() else None
+        if box is None:  # a space, or a glyph without ink: its advance cell
             blank.append((i, left, left + advance))
+        else:
+            draw.text((left, y), ch, fill=255, font=font)
+            boxes[i] = (left + box[0], y + box[1], left + box[2], y + box[3])
         x += advance + spacing
     inked = [i for i in range(len(text)) if i not in {b[0] for b in blank}]
     top = boxes[inked, 1].min() if inked else y
@@ -139,8 +151,12 @@ class RenderedLine:
     params: dict
 
 
-def render_line(text: str, font: Font, size: int, rng: np.random.Generator) -> RenderedLine:
-    """Render one line of ``text`` in ``font`` at ``size`` pixels on a drawn background."""
+Style = tuple[RGB, RGB, str]  # (background colour, text colour, background kind), as ``colours`` draws them
+
+
+def render_line(text: str, font: Font, size: int, rng: np.random.Generator, style: Style | None = None) -> RenderedLine:
+    """Render one line of ``text`` in ``font`` at ``size`` pixels on a drawn background (``style``:
+    fixed colours and background instead of drawn ones)."""
     if not text.strip():
         raise ValueError("cannot render an empty line")
     pf = pil_font(font.path, font.index, size)
@@ -158,7 +174,7 @@ def render_line(text: str, font: Font, size: int, rng: np.random.Generator) -> R
         grown = Image.new("L", (width + over[0] + over[2], height + over[1] + over[3]), 0)
         grown.paste(mask, (int(over[0]), int(over[1])))
         mask, boxes = grown, boxes + [over[0], over[1], over[0], over[1]]
-    bg, fg, kind = colours(rng)
+    bg, fg, kind = style or colours(rng)
     image = background(mask.size, bg, kind, rng)
     paint(image, mask, fg)
     quads = np.stack([geometry.box_to_quad(b) for b in boxes])
@@ -235,7 +251,7 @@ def _block(lines: list[str], font: Font, size: int, width: int, indent: float, l
 
 def render_page(source: TextSource, fonts: list[Font], allowed: dict[str, frozenset[str]], rng: np.random.Generator,
                 size: tuple[int, int], font_px: tuple[int, int], max_block_rotate: float = 3.0,
-                block_rotate_prob: float = 0.2) -> RenderedPage:
+                block_rotate_prob: float = 0.2, style: Style | None = None) -> RenderedPage:
     """Lay out a page of ``size`` (width, height): headings and paragraphs of corpus text in one or two
     columns, some blocks turned by up to ``max_block_rotate`` degrees.
 
@@ -244,11 +260,12 @@ def render_page(source: TextSource, fonts: list[Font], allowed: dict[str, frozen
         fonts: the fonts to choose from (one for the body, one for the headings).
         allowed: per font id, the characters it may draw (the charset and the font's glyphs).
         font_px: the body text's size range in pixels (headings are 1.2-1.8 times larger).
+        style: fixed colours and background for the whole page (text in one colour) instead of drawn ones.
     """
     width, height = size
     body_font, head_font = fonts[int(rng.integers(len(fonts)))], fonts[int(rng.integers(len(fonts)))]
     body_px = int(rng.integers(font_px[0], font_px[1] + 1))
-    bg, fg, kind = colours(rng)
+    bg, fg, kind = style or colours(rng)
     page = background(size, bg, kind, rng)
     margin = int(width * rng.uniform(0.04, 0.09))
     columns = 2 if width >= 25 * body_px and rng.random() < 0.4 else 1
@@ -275,7 +292,7 @@ def render_page(source: TextSource, fonts: list[Font], allowed: dict[str, frozen
                 texts = _wrap(sample.text, pf, col_w, 0.0)[:1]
                 indent = float(rng.uniform(0, 0.3)) * max(0.0, col_w - text_width(texts[0], pf))
                 colour = fg if rng.random() < 0.7 else tuple(int(v) for v in rng.integers(0, 140, 3))
-                if abs(_luminance(colour) - _luminance(bg)) < 90:
+                if style is not None or abs(_luminance(colour) - _luminance(bg)) < 90:
                     colour = fg
             else:
                 font, px, colour = body_font, body_px, fg
