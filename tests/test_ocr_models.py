@@ -159,8 +159,10 @@ def test_detector_rejects_bad_inputs():
         model(torch.zeros(1, 1, 32, 32))
     with pytest.raises(ValueError, match="empty"):
         model.detect(np.zeros((0, 10, 3), np.uint8))
-    with pytest.raises(ValueError, match="RGB image"):
+    with pytest.raises(ValueError, match="RGB images"):
         model.detect(np.zeros((10, 10), np.uint8))
+    with pytest.raises(ValueError, match="multiples of 32"):
+        model(torch.zeros(1, 3, 50, 64))
     with pytest.raises(ValueError, match="shrink_ratio"):
         DBDetectorConfig(postprocess=DBPostProcessConfig(shrink_ratio=0.5))
     with pytest.raises(ValueError, match="call the model in train"):
@@ -230,7 +232,7 @@ def test_recognizer_shapes_padding_and_errors():
         model(torch.zeros(1, 4, 32, 32))
     with pytest.raises(ValueError, match="empty or too small"):
         model(torch.zeros(1, 3, 32, 0))
-    with pytest.raises(ValueError, match="empty line image"):
+    with pytest.raises(ValueError, match="empty image"):
         model.recognize([np.zeros((0, 5, 3), np.uint8)])
     with pytest.raises(ValueError, match="not in the charset"):
         CTCCodec(["a"]).encode("ab")

@@ -83,15 +83,13 @@ class DBDetector(Layer):
         self.head = DBHead(self.neck.out_channels, self.config.k)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        model_io.check_images(images, self.config.backbone.in_channels, "DBDetector")
+        model_io.check_images(images, self.config.backbone.in_channels, "DBDetector", multiple=STRIDE)
         return self.head(self.neck(self.backbone(images)))
 
     def preprocess(self, image) -> tuple[torch.Tensor, tuple[float, float], tuple[int, int]]:
         """``(batch of one, (sx, sy) map-to-image scale, (height, width))`` for an RGB image."""
-        pil = _to_pil(image)
+        pil = model_io.to_rgb(image, "detect")
         w, h = pil.size
-        if w == 0 or h == 0:
-            raise ValueError(f"detect got an empty image ({w}x{h})")
         ratio = min(1.0, self.config.limit_side / max(w, h))
         nw = max(STRIDE, int(round(w * ratio / STRIDE)) * STRIDE)
         nh = max(STRIDE, int(round(h * ratio / STRIDE)) * STRIDE)
@@ -119,16 +117,3 @@ class DBDetector(Layer):
         model_io.load_weights(model, directory)
         return model
 
-
-def _to_pil(image) -> Image.Image:
-    if isinstance(image, Image.Image):
-        return image.convert("RGB")
-    array = np.asarray(image)
-    if array.ndim != 3 or array.shape[2] != 3:
-        raise ValueError(f"detect takes an RGB image: a PIL image or an (H, W, 3) uint8 array, got shape "
-                         f"{array.shape}; convert grey or RGBA images with Image.convert('RGB')")
-    if array.shape[0] == 0 or array.shape[1] == 0:
-        raise ValueError(f"detect got an empty image of shape {array.shape}")
-    if array.dtype != np.uint8:
-        raise ValueError(f"detect takes uint8 pixels (0-255), got {array.dtype}")
-    return Image.fromarray(array, "RGB")

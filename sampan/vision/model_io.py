@@ -10,7 +10,9 @@ import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
+from PIL import Image
 from safetensors.torch import load_file, save_file
 
 from sampan.utils.atomic import atomic_dir
@@ -76,8 +78,9 @@ def load_weights(model: torch.nn.Module, directory: str | os.PathLike) -> None:
     model.load_state_dict(load_file(str(path)), strict=True)
 
 
-def check_images(images: torch.Tensor, channels: int, who: str, min_height: int = 1) -> None:
-    """A clear error for a batch that is not ``(N, channels, H >= min_height, W >= 1)``.
+def check_images(images: torch.Tensor, channels: int, who: str, min_height: int = 1, multiple: int = 1) -> None:
+    """A clear error for a batch that is not ``(N, channels, H >= min_height, W >= 1)`` with both sides
+    multiples of ``multiple``.
 
     Skipped while torch traces or exports the model: the exported graph carries its own input shapes.
     """
@@ -92,3 +95,23 @@ def check_images(images: torch.Tensor, channels: int, who: str, min_height: int 
     if images.shape[0] == 0 or images.shape[2] < min_height or images.shape[3] == 0:
         raise ValueError(f"{who} got an empty or too small batch {tuple(images.shape)}: "
                          f"each image needs height >= {min_height} and width >= 1")
+    if images.shape[2] % multiple or images.shape[3] % multiple:
+        raise ValueError(f"{who} needs height and width that are multiples of {multiple}, got "
+                         f"{tuple(images.shape[2:])}: resize or pad the images (detect() does)")
+
+
+def to_rgb(image, who: str) -> Image.Image:
+    """A PIL image or an ``(H, W, 3)`` uint8 array as a non-empty RGB PIL image; a clear error otherwise."""
+    if isinstance(image, Image.Image):
+        if image.size[0] == 0 or image.size[1] == 0:
+            raise ValueError(f"{who} got an empty image ({image.size[0]}x{image.size[1]})")
+        return image.convert("RGB")
+    array = np.asarray(image)
+    if array.ndim != 3 or array.shape[2] != 3:
+        raise ValueError(f"{who} takes RGB images: a PIL image or an (H, W, 3) uint8 array, got shape "
+                         f"{array.shape}; convert grey or RGBA images with Image.convert('RGB')")
+    if array.shape[0] == 0 or array.shape[1] == 0:
+        raise ValueError(f"{who} got an empty image of shape {array.shape}")
+    if array.dtype != np.uint8:
+        raise ValueError(f"{who} takes uint8 pixels (0-255), got {array.dtype}")
+    return Image.fromarray(array, "RGB")

@@ -161,7 +161,7 @@ class CTCRecognizer(Layer):
         h = self.config.height
         arrays = []
         for image in images:
-            pil = _to_pil(image)
+            pil = model_io.to_rgb(image, "recognize")
             w = min(self.config.max_width, max(WIDTH_STRIDE, math.ceil(pil.size[0] * h / pil.size[1])))
             array = np.asarray(pil.resize((w, h), Image.Resampling.BILINEAR), dtype=np.float32)
             arrays.append((array / 255.0 - 0.5) / 0.5)
@@ -201,15 +201,3 @@ class CTCRecognizer(Layer):
         model_io.load_weights(model, directory)
         return model
 
-
-def _to_pil(image) -> Image.Image:
-    if isinstance(image, Image.Image):
-        if image.size[0] == 0 or image.size[1] == 0:
-            raise ValueError(f"got an empty line image ({image.size[0]}x{image.size[1]})")
-        return image.convert("RGB")
-    array = np.asarray(image)
-    if array.ndim != 3 or array.shape[2] != 3 or array.dtype != np.uint8:
-        raise ValueError(f"a line image is a PIL image or an (H, W, 3) uint8 array, got {array.dtype} {array.shape}")
-    if array.shape[0] == 0 or array.shape[1] == 0:
-        raise ValueError(f"got an empty line image of shape {array.shape}")
-    return Image.fromarray(array, "RGB")
