@@ -192,7 +192,7 @@ class PageLine:
         quad: its quadrilateral on the page ((4, 2) pixels).
         font: the font id.
         size: the font size in pixels.
-        docs: the corpus documents the text came from (empty for generated text).
+        docs: the corpus documents its block's text was cut from (empty for generated text).
     """
 
     text: str
