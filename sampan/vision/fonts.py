@@ -173,6 +173,9 @@ def select_fonts(ids: tuple[str, ...] = (), held_out: tuple[str, ...] | None = N
     which packages to install.
     """
     known = {spec.id: spec for spec in CATALOGUE}
+    if held_out is not None and not held_out:
+        raise ValueError("--held-out-fonts is empty: the test split needs a font of its own (leave it unset "
+                         "for the catalogue's choice)")
     for name in (*ids, *(held_out or ())):
         if name not in known:
             raise ValueError(f"unknown font {name!r}; known fonts: {', '.join(known)}")
@@ -189,9 +192,11 @@ def select_fonts(ids: tuple[str, ...] = (), held_out: tuple[str, ...] | None = N
     splits = {"train": [f for f in fonts if f.id not in test_ids], "test": [f for f in fonts if f.id in test_ids]}
     for split, chosen in splits.items():
         if not chosen:
-            wanted = [s for s in CATALOGUE if s.held_out == (split == "test")]
+            wanted = [s for s in CATALOGUE if (s.id in test_ids) == (split == "test")]
+            installed = {f.id for f in installed_fonts()}
+            missing = tuple(dict.fromkeys(s.package for s in wanted if s.id not in installed))
             raise FileNotFoundError(
-                f"no {split} font installed (installed: {[f.id for f in fonts]}; the {split} fonts are "
-                f"{[s.id for s in wanted]}); {install_hint(tuple(dict.fromkeys(s.package for s in wanted)))}, "
-                "or choose the held-out fonts with --held-out-fonts")
+                f"no {split} font among the fonts in use ({[f.id for f in fonts]}; the {split} fonts are "
+                f"{[s.id for s in wanted]}); " + (f"{install_hint(missing)}, or " if missing else "")
+                + "choose with --fonts / --held-out-fonts")
     return splits
