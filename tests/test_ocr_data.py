@@ -10,6 +10,7 @@ imports, on this 2-core machine (three tiny builds, one of them with two workers
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -21,9 +22,9 @@ from sampan.text.corpus.registry import CORPORA, SPLIT_SEED
 from sampan.vision import fonts as font_catalogue
 from sampan.vision.augment import AugmentConfig, augment
 from sampan.vision.build import OcrDataConfig, build_ocr_data, read_records
-from sampan.vision.charset import ASCII, GB2312_LEVEL1, load_charset
+from sampan.vision.charset import ASCII, GB2312_LEVEL1, load_charset, normalize_text
 from sampan.vision.render import render_line, render_page
-from sampan.vision.text_sources import TextSource
+from sampan.vision.text_sources import KINDS, TextSource
 
 try:
     SPLIT_FONTS = font_catalogue.select_fonts()
@@ -118,6 +119,7 @@ def test_page_line_quadrilaterals_are_on_the_ink_with_turned_blocks_and_a_tilted
     page = render_page(TextSource(TOY, "train", {"corpus": 1.0}), fonts, allowed, rng, (400, 520), (14, 18),
                        max_block_rotate=6.0, block_rotate_prob=1.0, style=CLEAN)
     assert len(page.lines) >= 6
+    assert not [ln.text for ln in page.lines if ln.text[0] in "，。、；：？！”）》"]  # Chinese line-breaking rule
     quads = np.stack([ln.quad for ln in page.lines])
     turned = sum(not np.allclose(q[:, 1], q[0, 1], atol=0.5) for q in quads)
     assert turned >= 3  # the blocks really were turned
@@ -128,6 +130,20 @@ def test_page_line_quadrilaterals_are_on_the_ink_with_turned_blocks_and_a_tilted
     assert not (ink & ~_polygon_mask(image.size, moved, grow=GROW)).any()
     for line, quad in zip(page.lines, moved, strict=True):
         assert (ink & _polygon_mask(image.size, [quad])).sum() > 10, f"no ink under line {line.text!r}"
+
+
+def test_generated_lines_and_held_out_latin_words():
+    train, test = TextSource(TOY, "train"), TextSource(TOY, "test")
+    assert train.words and test.words and not set(train.words) & set(test.words)
+    rng = np.random.default_rng(0)
+    lines = {kind: [train.line(rng, 24, kind=kind) for _ in range(40)] for kind in KINDS}
+    assert any(re.fullmatch(r"\d{4}年\d{1,2}月\d{1,2}日", x.text) for x in lines["date"])
+    assert any(re.fullmatch(r"\d{4}-\d\d-\d\d", x.text) for x in lines["date"])
+    assert any(re.fullmatch(r"¥\d{1,3}(,\d{3})*\.\d\d", x.text) for x in lines["amount"])
+    assert any(re.search(r"[A-Za-z]", x.text) and re.search(r"[\u4e00-\u9fff]", x.text) for x in lines["mixed"])
+    assert all(x.docs and x.source == "toy" for x in lines["corpus"]) and not any(x.docs for x in lines["phone"])
+    assert all(1 <= len(x.text) <= 24 for xs in lines.values() for x in xs)
+    assert normalize_text("附图片１张　ＡＢＣ") == "附图片1张 ABC"
 
 
 def _tiny(out: Path, **kw) -> OcrDataConfig:
