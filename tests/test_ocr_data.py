@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -229,6 +230,17 @@ def test_font_errors_name_the_packages_to_install(tmp_path, monkeypatch):
             font_catalogue.select_fonts()
     finally:
         font_catalogue.installed_fonts.cache_clear()
+
+
+@pytest.mark.skipif(not shutil.which("fc-list"), reason="no fontconfig (fc-list) on this machine")
+def test_fonts_outside_debians_layout_are_found_through_fontconfig(tmp_path, monkeypatch):
+    monkeypatch.setattr(font_catalogue, "FONT_ROOT", tmp_path)  # nothing where Debian puts fonts
+    font_catalogue.installed_fonts.cache_clear()
+    try:
+        found = font_catalogue.installed_fonts()
+    finally:
+        font_catalogue.installed_fonts.cache_clear()
+    assert [(f.id, f.path, f.index) for f in found] == [(f.id, f.path, f.index) for f in font_catalogue.installed_fonts()]
 
 
 def test_the_command_refuses_another_directory_and_reports_bad_flags(tmp_path, capsys):
