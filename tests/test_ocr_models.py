@@ -2,8 +2,8 @@
 and the CTC line recogniser: shapes, known geometry, a few training steps that must lower the loss,
 greedy CTC decoding of a hand-made matrix, save / load, ONNX export equal to eager, clear errors.
 
-Cost: ~6 s on this machine (4 s of it the 60 DB training steps), plus ~21 s for the two ONNX exports
-(marked slow), measured with 5 other jobs on the 2 cores.
+Cost: ~5.5 s of test calls on this machine (2.8 s the 60 DB training steps, 0.9 s the 80 CTC steps) +
+~5 s of imports, plus ~15 s for the two ONNX exports (marked slow); 26 s wall for the whole file.
 """
 
 from __future__ import annotations
@@ -199,23 +199,29 @@ def _lines(texts):
     return [render_line(t, installed[0], 24, rng, style).image for t in texts]
 
 
-def test_ctc_loss_decreases_on_rendered_lines():
+def test_ctc_loss_decreases_on_rendered_lines_and_then_reads_them():
     torch.manual_seed(0)
     charset = list("一二三四五")
     texts = ["一二", "三四五", "五一", "二三四"]
     model = CTCRecognizer(RecognizerConfig.tiny(len(charset) + 1), charset)
-    batch, widths = model.prepare(_lines(texts))
+    images = _lines(texts)
+    batch, widths = model.prepare(images)
     assert batch.shape[0] == 4 and batch.shape[2] == 32 and batch.shape[3] == int(widths.max() + 3) // 4 * 4
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     losses = []
     model.train()
-    for _ in range(40):
+    for _ in range(80):
         loss = model.loss(model(batch, widths), texts, widths)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
     assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5])
+    # Memorised, not learnt: the check is that padding, widths, eval mode and decoding fit together
+    # (all four lines read back from step ~60 when written).
+    results = model.recognize(images)
+    assert [r.text for r in results] == texts
+    assert all(len(r.char_scores) == len(t) and 0 < r.score <= 1 for r, t in zip(results, texts, strict=True))
 
 
 def test_recognizer_shapes_padding_and_errors():
