@@ -100,6 +100,8 @@ def test_demo_learns_and_saves_a_loadable_model(tmp_path, monkeypatch):
     assert stage["export_dir"].startswith(str(tmp_path / "home"))
     assert [a["text"] for a in stage["answers"]] == ["这家餐厅的服务非常棒", "质量太差了，用了两天就坏"]
     assert all(a["label"] in ("positive", "negative") for a in stage["answers"])
+    # Then the shipped Taskflow("sentiment_analysis") answers the same two reviews, and gets both right.
+    assert [a["label"] for a in stage["shipped_answers"]] == ["positive", "negative"], stage["shipped_answers"]
     summary = result["summary"]
     # A character LM starts near log(vocab) ~ 8.1 and must clearly beat it after 40 steps,
     # on training and on held-out chapters alike.
