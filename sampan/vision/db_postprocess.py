@@ -29,7 +29,7 @@ class DBPostProcessConfig:
     thresh: float = 0.3
     box_thresh: float = 0.6
     max_candidates: int = 1000
-    shrink_ratio: float = 0.4
+    shrink_ratio: float = 0.6
     unclip_ratio: float | None = None
     min_size: float = 3.0
 

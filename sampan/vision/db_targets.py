@@ -1,7 +1,7 @@
 """DB training targets from text quadrilaterals.
 
 - probability target (``shrink_map``): each polygon shrunk inwards by the Vatti distance
-  ``D = area (1 - r^2) / perimeter`` (r = ``shrink_ratio``), so neighbouring lines stay apart;
+  ``D = area (1 - r^2) / perimeter`` (r = ``shrink_ratio``, 0.6 by default), so neighbouring lines stay apart;
 - ``shrink_mask``: 1 where the probability loss counts; 0 on polygons too small or thin to shrink
   (and on ``ignore`` ones), so they teach neither text nor background;
 - threshold target (``threshold_map``): inside the polygon grown outwards by ``D``, ``1 - distance to
@@ -23,13 +23,15 @@ class DBTargetConfig:
     """How DB targets are drawn.
 
     Fields:
-        shrink_ratio: Vatti ratio r of the shrink (DB and PaddleOCR use 0.4).
+        shrink_ratio: Vatti ratio r of the shrink. DB and PaddleOCR use 0.4; 0.6 here because at
+            0.4 a 14-18 px line's band is ~2.6 px, under the post-processing's 3 px minimum, and 17%
+            of such lines vanish even from a perfect map (benchmarks/ocr_db_geometry.py).
         thresh_min: threshold-map value away from any border.
         thresh_max: threshold-map value on a border.
         min_text_size: polygons whose shorter side is under this many pixels are ignored (mask 0).
     """
 
-    shrink_ratio: float = 0.4
+    shrink_ratio: float = 0.6
     thresh_min: float = 0.3
     thresh_max: float = 0.7
     min_text_size: float = 4.0
