@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sampan.hub.sentiment_ensemble import NgramEnsembleConfig, pick_weight
+from sampan.hub.sentiment_ensemble import NgramEnsembleConfig, card_metrics, pick_weight
 from sampan.text.ngram_classifier import VOCAB_FILE, WEIGHTS_FILE, NgramClassifier, nb_log_ratios
 
 HARD_SET = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "hard_reviews.jsonl"
@@ -113,6 +113,17 @@ def test_the_weight_is_the_dev_accuracy_argmax():
     assert pick_weight(ernie, ernie, gold, steps=4)[1] == 0.6
     with pytest.raises(ValueError, match="max_features must be >= 0"):
         NgramEnsembleConfig(max_features=-1)
+
+
+def test_the_card_headline_is_the_ensembles_accuracy():
+    """What `sampan hub list` shows as the model's accuracy is what Taskflow answers with; the
+    fine-tune's own test figures stay as ernie_test_*."""
+    fine_tune = {"test_accuracy": 0.83, "test_loss": 0.43, "test_examples": 3480, "trainable_parameters": 7}
+    parts = {"test_accuracy": 0.856, "test_examples": 3480, "ernie_test_accuracy": 0.83, "ngram_test_accuracy": 0.845}
+    card = card_metrics(fine_tune, parts)
+    assert card == {"test_accuracy": 0.856, "test_examples": 3480, "ernie_test_accuracy": 0.83,
+                    "ernie_test_loss": 0.43, "ngram_test_accuracy": 0.845, "trainable_parameters": 7}
+    assert card_metrics(card, parts) == card  # attaching again changes nothing
 
 
 def test_hard_review_set_is_well_formed_and_unseen(reviews):

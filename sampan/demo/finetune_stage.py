@@ -125,7 +125,7 @@ def _shipped_answers(examples: list[str], log: Callable[[str], None]) -> list[di
 
     flow = Taskflow("sentiment_analysis")
     metrics = ModelCard.read(resolve(flow.task.model_name)).metrics
-    accuracy = metrics.get("ensemble_test_accuracy", metrics.get("test_accuracy"))
+    accuracy = metrics.get("test_accuracy")  # the shipped answer's: the ensemble's where there is one
     what = f"the shipped {flow.task.model_name}" + (f", {accuracy:.1%} on held-out reviews" if accuracy else "")
     answers = flow(examples)
     for row in answers:

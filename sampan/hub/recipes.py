@@ -550,9 +550,9 @@ def _build_task(name: str) -> Callable[[Any, Path, Callable[[str], None]], dict[
         metrics = {f"test_{k}": v for k, v in result.metrics.items() if isinstance(v, (int, float))}
         ngram = getattr(settings, "ngram", None)
         if ngram is not None and ngram.enabled:  # sentiment: the n-gram half, scored with the fine-tune's ERNIE
-            from sampan.hub.sentiment_ensemble import attach_ngram
+            from sampan.hub.sentiment_ensemble import attach_ngram, card_metrics
 
-            metrics.update(attach_ngram(out, ngram, log, ernie_model=run_dir))
+            metrics = card_metrics(metrics, attach_ngram(out, ngram, log, ernie_model=run_dir))
         return {**metrics, "trainable_parameters": result.trainable_parameters,
                 "total_parameters": result.total_parameters}
 
