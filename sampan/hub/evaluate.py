@@ -58,13 +58,15 @@ def write_metrics(name: str, metrics: dict[str, Any]) -> Path:
     if not os.access(directory, os.W_OK):
         raise PermissionError(f"{directory} is read-only: copy the model under $SAMPAN_HOME/models to rescore it")
     card = json.loads((directory / CARD_NAME).read_text(encoding="utf-8"))
-    flat = {f"test_{k}": (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()
-            if isinstance(v, (int, float))}
-    card["metrics"] = {**{k: v for k, v in card["metrics"].items() if not k.startswith("test_")}, **flat}
     task_path = directory / TASK_FILE
     task = ModelDir(directory).task_meta
     if task is None:
         raise FileNotFoundError(f"{task_path} not found: {directory} is not a fine-tuned model")
+    # A sentiment ensemble's card heads with the ensemble's test figures; these are its ERNIE's.
+    prefix = "ernie_test_" if task.get("ensemble") else "test_"
+    flat = {f"{prefix}{k}": (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()
+            if isinstance(v, (int, float))}
+    card["metrics"] = {**{k: v for k, v in card["metrics"].items() if not k.startswith(prefix)}, **flat}
     task["metrics"] = metrics
     write_json(task_path, task)  # as the fine-tune wrote it (sorted keys)
     write_json(directory / CARD_NAME, card, sort_keys=False)  # as the recipe wrote it
