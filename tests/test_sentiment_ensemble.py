@@ -167,3 +167,12 @@ def test_shipped_ensemble_gets_the_obvious_reviews_right(flow):
     negative = ["质量太差了，用了两天就坏了", "客服态度恶劣，再也不买了", "房间又脏又吵，非常失望"]
     out = flow(positive + negative)
     assert [r["label"] for r in out] == ["positive"] * 2 + ["negative"] * 3, out
+
+
+def test_the_attach_command_uses_the_recipes_ngram_settings():
+    """``python -m sampan.hub.sentiment_ensemble DIR`` builds with NgramEnsembleConfig's defaults: they
+    must be the sentiment recipe's, or a model attached that way differs from a recipe build."""
+    from sampan.hub.recipes import SentimentRecipe
+    from sampan.hub.sentiment_ensemble import NgramEnsembleConfig
+
+    assert SentimentRecipe().ngram == NgramEnsembleConfig()

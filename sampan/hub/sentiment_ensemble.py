@@ -218,13 +218,11 @@ def _write_json(path: Path, data: dict[str, Any], sort_keys: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Attach the n-gram model to a built sentiment model directory and record it in its card."""
-    from sampan.hub.recipes import SentimentRecipe
-
     parser = argparse.ArgumentParser(description="fit ernie-tiny-sentiment's n-gram model, pick its weight on dev "
                                                  "and write both into the model directory (and its card.json)")
     parser.add_argument("model_dir", type=Path, help="a built sentiment model directory")
     args = parser.parse_args(argv)
-    cfg = SentimentRecipe().ngram
+    cfg = NgramEnsembleConfig()  # the sentiment recipe's own setting (it takes the defaults)
     figures = attach_ngram(args.model_dir, cfg)
     card_path = args.model_dir / CARD_NAME
     if card_path.is_file():
