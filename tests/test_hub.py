@@ -228,13 +228,14 @@ def test_hub_evaluate_rescores_a_task_model_and_bio_decoding_beats_argmax(home):
     for name in ("ernie-tiny-zh", "ernie-tiny-ner"):  # a writable copy: the NER delta reads ../ernie-tiny-zh
         shutil.copytree(SHIPPED_DIR / name, home / "models" / name)
     metrics = evaluate_model("ernie-tiny-ner", max_examples=200)
-    # The shipped model scores 0.916 span F1 on these 200 sentences (169 gold entities; 0.924 on the
-    # whole test split, its card's test_f1). This is inference on fixed weights: on one machine it
-    # gives the same figure every run. The floor's 0.026 margin is 4-8 entities (a miss costs ~0.003,
-    # a wrong span or type ~0.006): room for another CPU's rounding or a rebuild of equal quality,
-    # while this model decoded by arg-max (0.885 here) or the previous shipped one (0.873 on the
-    # whole split) falls below it.
-    assert metrics["examples"] == 200 and 0.89 <= metrics["f1"] <= 1, metrics
+    # The shipped model scores 0.831 span F1 on these 200 sentences (0.847 on the whole test split).
+    # It was 0.916 before the People's Daily gold got its compound names back (四川大学 one ORG, not
+    # LOC 四川; sampan/text/corpus/peoples_daily.py): the model was trained on the word-level gold
+    # and still tags the old way (0.924 on the whole split against that gold, its card's test_f1),
+    # and the rebuilt windows make these 200 a different sample. This is inference on fixed
+    # weights: on one machine it gives the same figure every run. The floor's 0.026 margin is a few
+    # entities: room for another CPU's rounding or a rebuild of equal quality.
+    assert metrics["examples"] == 200 and 0.805 <= metrics["f1"] <= 1, metrics
 
     model, tokenizer, meta = load_task_model(home / "models" / "ernie-tiny-ner")
     test = load_task_data("ner", max_eval_examples=200).test
