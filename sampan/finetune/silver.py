@@ -12,8 +12,13 @@ than ``min_han`` Han characters are dropped (table cells, headings, "好评！")
 ``exclude`` texts are dropped, the rest shuffled with ``seed`` and tagged in that order until
 ``max_sentences`` are kept: every sentence LAC finds an entity in, and entity-free ones up to
 ``entity_free_share`` of the total (so the model still sees modern text with nothing to tag
-without the set drowning in it). Tagging stops after ``max_scanned`` sentences whatever was found:
-LAC runs about 50 sentences/s on two busy cores.
+without the set drowning in it). Tagging stops after ``max_scanned`` sentences whatever was found
+(LAC tagged 520 review sentences/s here, measured on a sample of 300).
+
+Measured on the review corpus: 29,813 candidate sentences, about a fifth with a LAC entity (56 of
+300 sampled); 4,000 silver sentences (3,200 with entities: 1,449 PER, 1,915 LOC, 1,110 ORG spans)
+took 16,655 tagged. The Debian documentation corpus (``debian-zh``) is a poor source: 12 of 300
+sampled sentences had a LAC entity, most of them wrong (SQL keywords as ORG, option names as PER).
 """
 
 from __future__ import annotations
