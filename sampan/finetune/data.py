@@ -27,35 +27,13 @@ import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from sampan.finetune.examples import Span, TaskExample, split_for_ner
 from sampan.text.corpus.document import ENTITY_LABELS, held_out
-from sampan.text.windows import sentence_windows
 
 # The Taskflow's label names for the reviews' "pos" / "neg".
 SENTIMENT_NAMES = {"neg": "negative", "pos": "positive"}
 USER_TEST_FRACTION = 0.1
 USER_SPLIT_SEED = 0  # a user file's test split is fixed, whatever the run's seed
-
-Span = tuple[int, int, str]
-
-
-@dataclasses.dataclass(frozen=True)
-class TaskExample:
-    """One example.
-
-    Fields:
-        id: unique within the data set; NER windows are ``<document id>:<sentence>[.<window>]``.
-        text: the input text.
-        label: the class name (sentiment), None for ner.
-        entities: gold spans ``(start, end, type)`` as character offsets into ``text`` (ner).
-        group: the id the split is made by (the document for ner windows).
-    """
-
-    id: str
-    text: str
-    label: str | None = None
-    entities: tuple[Span, ...] = ()
-    group: str = ""
-
 
 @dataclasses.dataclass
 class TaskData:
@@ -88,20 +66,6 @@ def _in_fraction(key: str, fraction: float, seed: int) -> bool:
 
 def _text_hash(text: str) -> str:
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
-
-
-def split_for_ner(doc_id: str, text: str, entities: Sequence[Span], max_chars: int) -> list[TaskExample]:
-    """A document as sentence / window examples with their entities shifted to window offsets.
-
-    An entity that a forced cut splits (a single entity longer than a window) is kept only in the
-    window holding its start, clipped to the window.
-    """
-    examples = []
-    for k, (start, end) in enumerate(sentence_windows(text, max_chars, entities)):
-        spans = tuple((max(s, start) - start, min(e, end) - start, t) for s, e, t in entities
-                      if start <= s < end)
-        examples.append(TaskExample(f"{doc_id}:{k}", text[start:end], None, spans, doc_id))
-    return examples
 
 
 # -- builtin corpora ------------------------------------------------------------------------------

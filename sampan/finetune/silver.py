@@ -28,7 +28,7 @@ import random
 import re
 from collections.abc import Iterable, Sequence
 
-from sampan.finetune.data import TaskExample, split_for_ner
+from sampan.finetune.examples import TaskExample, split_for_ner
 
 _HAN = re.compile("[\u4e00-\u9fff]")
 
