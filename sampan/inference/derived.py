@@ -11,22 +11,14 @@ deriving at once do not collide.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 from sampan.utils.atomic import atomic_path
+from sampan.utils.digest import file_sha256
 from sampan.utils.paths import cache_dir
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def writable(directory: Path) -> bool:
@@ -57,7 +49,7 @@ def derived_path(source: Path, suffix: str, kind: str, make: Callable[[Path, Pat
         with atomic_path(beside) as work:
             make(source, work)
         return beside
-    cached = cache_dir(kind) / f"{sha256_of(source)}.onnx"
+    cached = cache_dir(kind) / f"{file_sha256(source)}.onnx"
     if remake or not cached.is_file():
         with atomic_path(cached) as work:
             make(source, work)

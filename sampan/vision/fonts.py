@@ -11,11 +11,12 @@ held-out fonts a test of nothing.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import shutil
 import subprocess
 from functools import cache
 from pathlib import Path
+
+from sampan.utils.digest import file_sha256
 
 # Debian's font directory; fontconfig is asked only for a font that is not where Debian puts it.
 FONT_ROOT = Path("/usr/share/fonts")
@@ -101,11 +102,7 @@ class Font:
 
 @cache
 def _file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return file_sha256(path)
 
 
 @cache
