@@ -4,32 +4,11 @@ map, masked L1 on the threshold map, dice on the approximate binary map;
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-
-@dataclasses.dataclass
-class DBLossConfig:
-    """Weights of the DB loss.
-
-    Fields:
-        alpha: weight of the probability map's balanced BCE.
-        beta: weight of the threshold map's L1.
-        negative_ratio: hard negatives kept per positive pixel (OHEM).
-        eps: smoothing of the dice ratio and the averages.
-    """
-
-    alpha: float = 5.0
-    beta: float = 10.0
-    negative_ratio: float = 3.0
-    eps: float = 1e-6
-
-    def __post_init__(self):
-        if self.alpha < 0 or self.beta < 0 or self.negative_ratio <= 0:
-            raise ValueError(f"DBLossConfig needs alpha, beta >= 0 and negative_ratio > 0, got {self}")
+from sampan.vision.db_loss_config import DBLossConfig  # torch-free, for the recipe's settings
 
 
 def balanced_bce(pred: torch.Tensor, gt: torch.Tensor, mask: torch.Tensor, negative_ratio: float = 3.0,
