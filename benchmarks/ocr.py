@@ -235,17 +235,15 @@ def evaluate_pages(system, data: dict[str, Any], log) -> dict[str, Any]:
 
 
 def measure_latency(systems: dict[str, Any], data: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    """Median seconds per line image and per page, warm: one untimed call per system first, then
-    ``repeats`` passes over the same images, the systems taking turns on each image (their order
-    rotating), so load from other jobs falls on all of them alike."""
+    """Median seconds per line image and per page, warm (the scoring passes ran before): ``repeats``
+    passes over the same images, the systems taking turns on each image (their order rotating), so
+    load from other jobs falls on all of them alike."""
     out: dict[str, Any] = {name: {} for name in systems}
     for kind, samples, call in (("line", data["clean"][: args.latency_lines], "read_line"),
                                 ("page", data["pages"][: args.latency_pages], "read_page")):
         able = {n: s for n, s in systems.items() if kind == "line" or s.reads_pages}
         if not samples or not able:
             continue
-        for system in able.values():
-            getattr(system, call)(samples[0])
         times: dict[str, list[float]] = {n: [] for n in able}
         names = list(able)
         for r in range(args.latency_repeats):
