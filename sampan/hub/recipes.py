@@ -33,7 +33,6 @@ from sampan.utils.config import build as build_config
 from sampan.utils.config import nested, refuse_changes, resolve_nested, to_dict
 from sampan.utils.names import did_you_mean
 from sampan.utils.paths import home, user_models_dir
-from sampan.vision.rec_recipe import OcrRecRecipe
 from sampan.vision.det_recipe import OcrDetRecipe
 
 # The shared data build of every recipe (the ERNIE and GPT recipes read the same one): People's
@@ -45,11 +44,7 @@ BUILD_OWNED = {"data.out": "set by the recipe ($SAMPAN_HOME/build/data-...: shar
 
 @dataclasses.dataclass
 class ErnieRecipe:
-    """ernie-tiny-zh: ernie-tiny pretrained with knowledge masking (char -> phrase -> entity).
-
-    A rerun with the same settings continues the run in its work dir from its newest checkpoint
-    (``$SAMPAN_HOME/build/NAME-DIGEST``, one directory per settings, so a rerun with other settings
-    never touches it); ``max_minutes`` stops one sitting early, checkpointed, and stores nothing.
+    """ernie-tiny pretrained with knowledge masking (char -> phrase -> entity).
 
     Fields:
         data: the shared data build (``sampan data build``).
@@ -61,13 +56,10 @@ class ErnieRecipe:
         "learning_rate": "pretrain.training.learning_rate", "warmup_steps": "pretrain.training.warmup_steps",
         "seed": "pretrain.training.seed", "model": "pretrain.model.name", "dropout": "pretrain.model.overrides.dropout",
         "pre_norm": "pretrain.model.overrides.pre_norm", "pack": "pretrain.pack", "mask_prob": "pretrain.mask.mask_prob",
-        "masking": "pretrain.masking", "max_minutes": "pretrain.training.max_minutes",
-        "save_steps": "pretrain.training.save_steps", "eval_steps": "pretrain.training.eval_steps",
         "corpora": "data.corpora", "vocab_size": "data.vocab_size", "seq_len": "data.seq_len", "max_docs": "data.max_docs"}
     OWNED: ClassVar[dict[str, str]] = {
         **BUILD_OWNED, "pretrain.data": "set by the recipe (its data build)",
-        "pretrain.training.output_dir": "set by the recipe ($SAMPAN_HOME/build/NAME-DIGEST, one per settings)",
-        "pretrain.training.resume_from_checkpoint": "set by the recipe (a rerun with the same settings resumes)"}
+        "pretrain.training.output_dir": "set by the recipe ($SAMPAN_HOME/build/ernie-tiny-zh)"}
 
     data: DataBuildConfig = nested(DataBuildConfig, **DATA_DEFAULTS)
     # 4,000 steps (about 5 passes over the rows): against 1,200, held-out char MLM accuracy 4.7% ->
@@ -86,37 +78,6 @@ class ErnieRecipe:
     def __post_init__(self) -> None:
         resolve_nested(self)
         refuse_changes(self)
-
-
-MINI_CORPORA = ("news", "sanguo", "reviews", "debian-zh")
-
-
-@dataclasses.dataclass
-class ErnieMiniRecipe(ErnieRecipe):
-    """ernie-mini-zh: ERNIE 3.0 Mini's shape (6 x 384, 12 heads, FFN 1536) pretrained with knowledge
-    masking on People's Daily, 三国演义, the reviews and the Debian documentation prose, over several
-    sittings (``max_minutes``; each rerun resumes).
-
-    Fields:
-        data: its data build: ernie-tiny-zh's corpora plus ``debian-zh``, a 6,000-token vocabulary.
-        pretrain: the pretraining run on it.
-    """
-
-    # Vocabulary 6,000, as ernie-tiny-zh (measured on debian-zh's held-out documents, tokenizer
-    # trained on the four corpora): 1.113 chars/token and 0.006% [UNK] at 6,000; 1.219 and 0.007%
-    # at 8,000. The four corpora hold 6,006 distinct characters (5,721 Han), so 6,000 already holds
-    # almost every character seen; the 2,000 more tokens of 8,000 are Latin word pieces of the
-    # technical manuals (9% fewer tokens there), which a Chinese base has no use for at 0.77M
-    # embedding parameters.
-    data: DataBuildConfig = nested(DataBuildConfig, **{**DATA_DEFAULTS, "corpora": MINI_CORPORA})
-    # STEPS_ARITHMETIC
-    pretrain: PretrainConfig = nested(
-        PretrainConfig, model={"name": "ernie-mini", "overrides": {"dropout": 0.0, "attention_dropout": 0.0,
-                                                                   "pre_norm": False}},
-        masking="knowledge", pack=True,
-        training={"max_steps": 40000, "per_device_train_batch_size": 32, "learning_rate": 5e-4,
-                  "warmup_steps": 1000, "eval_steps": 2000, "save_steps": 1000, "seed": 0,
-                  "overwrite_output_dir": True})
 
 
 # Both task models are full fine-tunes (the 2-core pretraining leaves a base too weak for LoRA to
@@ -381,65 +342,28 @@ def _fp16_tensors(path: Path) -> None:
         save_file(tensors, str(tmp))
 
 
-class BuildPaused(Exception):
-    """A recipe's run stopped at its sitting's ``max_minutes`` before its last step: the run is
-    checkpointed in its work dir, nothing is stored, and the same command continues it."""
+def build_ernie(settings: ErnieRecipe, out: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    from sampan.pretraining.evaluate import char_mlm_accuracy, entity_cloze_accuracy
+    from sampan.pretraining.run import pretrain
+    from sampan.text.features import FEATURE_NAMES
+    from sampan.text.shards import SpanShardDataset
 
-
-def _run_dir(name: str, settings: Any) -> Path:
-    """The work dir of a resumable recipe: one per settings (``max_minutes``, the length of one
-    sitting, left out), so a rerun with the same settings finds its run and other settings never
-    touch it."""
-    import hashlib
-
-    key = to_dict(settings)
-    key.get("pretrain", {}).get("training", {}).pop("max_minutes", None)
-    return _work_dir(name).with_name(
-        f"{name}-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:8]}")
-
-
-def _build_ernie(name: str) -> Callable[[ErnieRecipe, Path, Callable[[str], None]], dict[str, Any]]:
-    def build_ernie(settings: ErnieRecipe, out: Path, log: Callable[[str], None]) -> dict[str, Any]:
-        from sampan.pretraining.evaluate import char_mlm_accuracy, entity_cloze_accuracy
-        from sampan.pretraining.run import pretrain
-        from sampan.text.features import FEATURE_NAMES
-        from sampan.text.shards import SpanShardDataset
-        from sampan.trainer.callbacks import TrainerCallback
-
-        class LastEval(TrainerCallback):
-            metrics: dict[str, Any] = {}
-
-            def on_evaluate(self, args, state, metrics):
-                self.metrics = dict(metrics)
-
-        data = _data_build(settings.data, log)
-        pre = settings.pretrain
-        run_dir = _run_dir(name, settings)
-        log(f"hub: {name} runs in {run_dir} (a rerun with the same settings continues it)")
-        cfg = dataclasses.replace(pre, data=str(data), training=dataclasses.replace(
-            pre.training, output_dir=str(run_dir), resume_from_checkpoint="auto"))
-        last_eval = LastEval()
-        trainer, summary = pretrain(cfg, callbacks=[last_eval])
-        step = trainer.state.global_step
-        if step < trainer.max_steps:
-            raise BuildPaused(f"{name} stopped at step {step} of {trainer.max_steps} (max_minutes "
-                              f"{pre.training.max_minutes:g}); its checkpoint is in {run_dir}")
-        if last_eval.metrics.get("step") != step:  # resumed at the end: nothing evaluated in this process
-            trainer.evaluate()
-        held_out = SpanShardDataset(data, "test")
-        model, batcher = trainer.model, trainer.batcher
-        chars = char_mlm_accuracy(model, held_out, batcher, max_rows=512)
-        cloze = entity_cloze_accuracy(model, held_out, batcher, max_entities=1000)
-        log(f"hub: {name} held-out MLM loss {last_eval.metrics['eval_loss']:.3f}, char MLM accuracy "
-            f"{chars['char_accuracy']:.1%}, whole-entity cloze {cloze['entity_accuracy']:.1%}")
-        # features.json only when the model embeds pinyin / radical / strokes: otherwise nothing reads it.
-        uses_features = any(getattr(model.config, f"{n}_vocab_size") for n in FEATURE_NAMES)
-        _fp16_copy(Path(summary["model_dir"]), out, ("tokenizer.json",) + (("features.json",) if uses_features else ()))
-        return {"parameters": summary["parameters"], "steps": step,
-                "heldout_mlm_loss": last_eval.metrics["eval_loss"], "heldout_char_mlm_accuracy": chars["char_accuracy"],
-                "heldout_entity_cloze_accuracy": cloze["entity_accuracy"]}
-
-    return build_ernie
+    data = _data_build(settings.data, log)
+    pre = settings.pretrain
+    cfg = dataclasses.replace(pre, data=str(data), training=dataclasses.replace(
+        pre.training, output_dir=str(_work_dir("ernie-tiny-zh"))))
+    trainer, summary = pretrain(cfg)
+    held_out = SpanShardDataset(data, "test")
+    model, batcher = trainer.model, trainer.batcher
+    chars = char_mlm_accuracy(model, held_out, batcher, max_rows=512)
+    cloze = entity_cloze_accuracy(model, held_out, batcher, max_entities=1000)
+    log(f"hub: ernie-tiny-zh held-out char MLM accuracy {chars['char_accuracy']:.1%}, "
+        f"whole-entity cloze {cloze['entity_accuracy']:.1%}")
+    # features.json only when the model embeds pinyin / radical / strokes: otherwise nothing reads it.
+    uses_features = any(getattr(model.config, f"{n}_vocab_size") for n in FEATURE_NAMES)
+    _fp16_copy(Path(summary["model_dir"]), out, ("tokenizer.json",) + (("features.json",) if uses_features else ()))
+    return {"parameters": summary["parameters"], "heldout_char_mlm_accuracy": chars["char_accuracy"],
+            "heldout_entity_cloze_accuracy": cloze["entity_accuracy"]}
 
 
 def _stream(data: Path, split: str, corpora: list[str]):
@@ -653,11 +577,7 @@ def register(recipe: Recipe) -> None:
 
 register(Recipe("ernie-tiny-zh", "fill_mask",
                 "ernie-tiny (4 x 256) pretrained with ERNIE knowledge masking on People's Daily, 三国演义 "
-                "and review text", ErnieRecipe, _build_ernie("ernie-tiny-zh")))
-register(Recipe("ernie-mini-zh", "fill_mask",
-                "ernie-mini (6 x 384, ERNIE 3.0 Mini's shape) pretrained with ERNIE knowledge masking on People's "
-                "Daily, 三国演义, review text and the Simplified-Chinese prose of Debian's documentation packages",
-                ErnieMiniRecipe, _build_ernie("ernie-mini-zh")))
+                "and review text", ErnieRecipe, build_ernie))
 register(Recipe("gpt-zh", "text_generation",
                 "a 4 x 256 GPT trained on People's Daily 1998, 三国演义 and 12,000 Tang poems with ernie-tiny-zh's "
                 "tokenizer",
@@ -675,17 +595,6 @@ register(Recipe("ernie-tiny-ner", "ner",
                 "ernie-tiny-zh fine-tuned (embeddings frozen, a rank-32 update of the word table) for "
                 "PER / LOC / ORG on People's Daily 1998, decoded with the training tags' bigram prior",
                 NERRecipe, _build_task("ernie-tiny-ner"), base="ernie-tiny-zh"))
-
-
-def _build_ocr_rec(settings: Any, out: Path, log: Callable[[str], None]) -> dict[str, Any]:
-    from sampan.vision.train_rec import build_ocr_rec
-
-    return build_ocr_rec(settings, out, log)
-
-
-register(Recipe("ocr-rec-zh", "ocr_rec",
-                "a CTC line recogniser (LCNet + 2-block transformer, 6K characters) trained on lines rendered by "
-                "`sampan data build-ocr` in three train fonts, clean and degraded", OcrRecRecipe, _build_ocr_rec))
 register(Recipe("ocr-det-zh", "ocr_detection",
                 "a DB text detector (LCNet + DB FPN, PP-OCR's shape) trained on pages rendered by `sampan data "
                 "build-ocr`; scored on pages in a held-out font from held-out documents", OcrDetRecipe, build_ocr_det))
@@ -701,14 +610,13 @@ def parse_settings(cls: type, pairs: list[str]) -> Any:
 
 
 def build(name: str, settings_pairs: list[str] | None = None, log: Callable[[str], None] = print,
-          out_root: Path | None = None, settings: Any = None) -> Path | None:
+          out_root: Path | None = None, settings: Any = None) -> Path:
     """Run recipe ``name`` and store the result as ``out_root/name`` (default ``$SAMPAN_HOME/models``),
     with ``settings`` (the recipe's settings dataclass; default: its defaults) changed by
     ``settings_pairs`` (``--set`` strings).
 
     The model is written to a temporary directory and renamed into place only when complete, so
-    an interrupted build leaves the previous model (or none), never half of one. A resumable
-    recipe stopped by its ``max_minutes`` stores nothing and returns None; rerun it to continue.
+    an interrupted build leaves the previous model (or none), never half of one.
     """
     if name not in RECIPES:
         raise ValueError(f"no recipe {name!r}; {did_you_mean(name, RECIPES)}recipes: {', '.join(sorted(RECIPES))}")
@@ -727,26 +635,18 @@ def build(name: str, settings_pairs: list[str] | None = None, log: Callable[[str
     root.mkdir(parents=True, exist_ok=True)
     target = root / name
     start = time.perf_counter()
-    try:
-        with atomic_dir(target) as tmp:
-            metrics = recipe.build(settings, tmp, log)
-            _write_card(tmp, name, recipe, settings, metrics, start)
-    except BuildPaused as paused:
-        log(f"hub: {paused}; run the same command again to continue (nothing stored yet)")
-        return None
+    with atomic_dir(target) as tmp:
+        metrics = recipe.build(settings, tmp, log)
+        card = ModelCard(name=name, task=recipe.task, description=recipe.description, recipe=name,
+                         base=settings.finetune.model if recipe.base else None,
+                         metrics={k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v)
+                                  for k, v in metrics.items()},
+                         settings=to_dict(settings))
+        card.settings["build_seconds"] = round(time.perf_counter() - start, 1)
+        (tmp / CARD_NAME).write_text(json.dumps(card.to_json(), ensure_ascii=False, indent=2) + "\n",
+                                     encoding="utf-8")
     log(f"hub: built {name} -> {target}")
     return target
 
 
-def _write_card(tmp: Path, name: str, recipe: Recipe, settings: Any, metrics: dict[str, Any], start: float) -> None:
-    """The model card of a finished build: the recipe's figures (finite floats rounded) and settings."""
-    card = ModelCard(name=name, task=recipe.task, description=recipe.description, recipe=name,
-                     base=settings.finetune.model if recipe.base else None,
-                     metrics={k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v)
-                              for k, v in metrics.items()},
-                     settings=to_dict(settings))
-    card.settings["build_seconds"] = round(time.perf_counter() - start, 1)
-    (tmp / CARD_NAME).write_text(json.dumps(card.to_json(), ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
-
-
-__all__ = ["RECIPES", "BuildPaused", "Recipe", "build", "parse_settings", "resolve"]
+__all__ = ["RECIPES", "Recipe", "build", "parse_settings", "resolve"]
