@@ -34,6 +34,7 @@ from sampan.utils.config import nested, refuse_changes, resolve_nested, to_dict
 from sampan.utils.names import did_you_mean
 from sampan.utils.paths import home, user_models_dir
 from sampan.vision.det_recipe import OcrDetRecipe
+from sampan.vision.rec_recipe import OcrRecRecipe
 
 # The shared data build of every recipe (the ERNIE and GPT recipes read the same one): People's
 # Daily, 三国演义 and the reviews, a 6,000-word vocabulary, 128-token rows.
@@ -598,6 +599,17 @@ register(Recipe("ernie-tiny-ner", "ner",
 register(Recipe("ocr-det-zh", "ocr_detection",
                 "a DB text detector (LCNet + DB FPN, PP-OCR's shape) trained on pages rendered by `sampan data "
                 "build-ocr`; scored on pages in a held-out font from held-out documents", OcrDetRecipe, build_ocr_det))
+
+
+def _build_ocr_rec(settings: Any, out: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    from sampan.vision.train_rec import build_ocr_rec
+
+    return build_ocr_rec(settings, out, log)
+
+
+register(Recipe("ocr-rec-zh", "ocr_rec",
+                "a CTC line recogniser (LCNet + 2-block transformer, 6K characters) trained on lines rendered by "
+                "`sampan data build-ocr` in three train fonts, clean and degraded", OcrRecRecipe, _build_ocr_rec))
 
 
 def parse_settings(cls: type, pairs: list[str]) -> Any:
