@@ -74,6 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lines", type=int, default=None, help="test line images, each clean and degraded (500)")
     parser.add_argument("--pages", type=int, default=None, help="test page images (50)")
     parser.add_argument("--seed", type=int, default=0, help="the data engine's seed")
+    parser.add_argument("--corpora", default=None,
+                        help="corpora the text is cut from, comma-separated (default: the data engine's)")
     parser.add_argument("--data", type=Path, default=None,
                         help="where the test builds are cached (default: $SAMPAN_CACHE/bench-ocr)")
     parser.add_argument("--det", type=Path, default=user_models_dir() / "ocr-det-zh",
@@ -94,6 +96,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.data is None:
         args.data = cache_dir("bench-ocr")
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    args.corpora = tuple(c.strip() for c in args.corpora.split(",") if c.strip()) if args.corpora else None
     unknown = sorted(set(args.systems) - set(SYSTEMS))
     if unknown:
         parser.error(f"unknown --systems {unknown}; known: {', '.join(SYSTEMS)}")
@@ -113,16 +116,18 @@ def degraded_augment():
                          jpeg_prob=1.0)
 
 
-def set_configs(lines: int, pages: int, seed: int, root: Path) -> dict[str, Any]:
+def set_configs(lines: int, pages: int, seed: int, root: Path, corpora: tuple[str, ...] | None = None) -> dict[str, Any]:
     """The two builds' configs: ``clean`` (lines without degradation, and the pages) and
-    ``degraded`` (the same lines, degraded), in a folder named by their settings' digest."""
+    ``degraded`` (the same lines, degraded), in a folder named by their settings' digest; ``corpora``
+    (default: the engine's) is what the text is cut from."""
     import hashlib
 
     from sampan.utils.config import to_dict
     from sampan.vision.augment import AugmentConfig
     from sampan.vision.build import OcrDataConfig
 
-    common = {"train_lines": 0, "train_pages": 0, "test_lines": lines, "seed": seed, "line_format": "png"}
+    common = {"train_lines": 0, "train_pages": 0, "test_lines": lines, "seed": seed, "line_format": "png",
+              **({"corpora": tuple(corpora)} if corpora else {})}
     configs = {"clean": OcrDataConfig(out="", test_pages=pages, line_augment=AugmentConfig.none(), **common),
                "degraded": OcrDataConfig(out="", test_pages=0, line_augment=degraded_augment(), **common)}
     digest = hashlib.sha256(json.dumps({k: _settings(to_dict(c)) for k, c in configs.items()},
@@ -137,14 +142,15 @@ def _settings(config: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps({k: v for k, v in config.items() if k not in ("out", "workers")}))
 
 
-def build_sets(lines: int, pages: int, seed: int, root: Path, log=print) -> dict[str, dict[str, Any]]:
+def build_sets(lines: int, pages: int, seed: int, root: Path, log=print,
+               corpora: tuple[str, ...] | None = None) -> dict[str, dict[str, Any]]:
     """Build (or reuse) the clean and degraded test builds; returns ``name -> {dir, manifest, ...}``."""
     from sampan.utils.config import to_dict
     from sampan.utils.digest import file_sha256
     from sampan.vision.build import MANIFEST, _versions, build_ocr_data
 
     out = {}
-    for name, config in set_configs(lines, pages, seed, root).items():
+    for name, config in set_configs(lines, pages, seed, root, corpora).items():
         directory = Path(config.out)
         manifest_path = directory / MANIFEST
         reused = False
@@ -160,7 +166,7 @@ def build_sets(lines: int, pages: int, seed: int, root: Path, log=print) -> dict
         test = manifest["splits"]["test"]
         out[name] = {"dir": str(directory), "manifest_sha256": file_sha256(manifest_path), "reused": reused,
                      "lines": test["lines"], "pages": test["pages"], "page_lines": test["page_lines"],
-                     "fonts": test["fonts"], "line_kinds": test["line_kinds"],
+                     "fonts": test["fonts"], "fonts_text": ", ".join(test["fonts"]), "line_kinds": test["line_kinds"],
                      "augmented_lines": test["augmented_lines"], "documents_used": test["documents_used"],
                      "held_out": manifest["held_out"]}
     return out
@@ -260,10 +266,11 @@ def measure_latency(systems: dict[str, Any], data: dict[str, Any], args: argpars
 
 
 def differences(errors: dict[str, dict[str, Any]], resamples: int) -> dict[str, Any]:
-    """sampan minus each peer on the same lines: character and exact-line accuracy, 95% intervals."""
+    """sampan minus each peer on the same lines: character and exact-line accuracy, 95% intervals
+    (``status`` "measured"; without sampan's figures, the status its entry has)."""
     if "sampan" not in errors:
-        return {}
-    out: dict[str, Any] = {}
+        return {"status": "not trained yet"}
+    out: dict[str, Any] = {"status": "measured"}
     for peer in (n for n in errors if n != "sampan"):
         out[peer] = {}
         for condition in ("clean", "degraded"):
@@ -299,8 +306,8 @@ def print_table(systems: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
-    started = time.perf_counter()
-    sets = build_sets(args.lines, args.pages, args.seed, args.data, log)
+    started, machine = time.perf_counter(), machine_info()  # the load average as the run begins
+    sets = build_sets(args.lines, args.pages, args.seed, args.data, log, args.corpora)
     data = load_samples(sets)
     systems, results, errors = {}, {}, {}
     for name in args.systems:
@@ -310,7 +317,8 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
             results[name] = {"status": exc.status, "reason": exc.reason}
             log(f"ocr: {name} {exc.status}: {exc.reason}")
     for name, system in systems.items():
-        results[name] = {"status": "measured", "model": system.describe()}
+        model = system.describe()
+        results[name] = {"status": "measured", "model": {**model, "model_mb": model["model_bytes_total"] / 1e6}}
         results[name]["lines"], errors[name] = evaluate_lines(system, data, log)
         if system.reads_pages:
             results[name]["pages"] = evaluate_pages(system, data, log)
@@ -323,7 +331,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
         pass_ms = 1000 * results[name]["lines"]["clean"]["pass_seconds"] / len(data["texts"])
         results[name]["latency"] = {**latency[name], "line_ms_set_pass_mean": pass_ms}
     return {
-        "benchmark": "ocr", "timestamp": timestamp(), "machine": machine_info(), "threads": args.threads,
+        "benchmark": "ocr", "timestamp": timestamp(), "machine": machine, "threads": args.threads,
         "quick": args.quick, "command": "python benchmarks/ocr.py " + " ".join(sys.argv[1:]),
         "data": {"seed": args.seed, "sets": sets,
                  "degraded_lines": "every line shrunk (low resolution), rotated, blurred, speckled (noise) and "
@@ -338,7 +346,9 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
                                   "unmatched boxes their text",
                     "differences": "sampan minus the peer, 95% paired bootstrap over lines",
                     "latency": "warm, median of interleaved single-image calls"},
-        "systems": results, "sampan_minus": differences(errors, args.resamples),
+        "systems": results,
+        "sampan_minus": differences(errors, args.resamples) if "sampan" in errors else
+        {"status": results["sampan"]["status"] if "sampan" in results else "not run"},
         "seconds": round(time.perf_counter() - started, 1),
     }
 
