@@ -18,7 +18,8 @@ class TaskOptions:
 
     Fields:
         task: task name (sampan task --list shows them).
-        texts: texts (default: read lines from stdin).
+        texts: texts (default: read lines from stdin); for ocr, image files (one JSON line each:
+            {"image": PATH, "lines": [{"text", "score", "box"}, ...]}).
         model: a store model name or directory (default: the task's).
         batch_size: texts per model call.
         max_length: tokens per text the model sees; longer ones are truncated with a warning (ner
@@ -30,7 +31,7 @@ class TaskOptions:
             --option backend=torch runs the .pt2 on the GPU torch sees.
         options: a task option, KEY=VALUE (repeatable): max_new_tokens, min_new_tokens,
             temperature, top_k, repetition_penalty, seed (generation); line_chars, lines
-            (poetry); top_k (fill_mask).
+            (poetry); top_k (fill_mask); det_model, rec_model, box_thresh, drop_score, max_pixels (ocr).
         list_tasks: list the tasks and their models (--list).
     """
 
@@ -76,6 +77,12 @@ def run(args: argparse.Namespace) -> int:
     texts = cfg.texts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
     flow = Taskflow(cfg.task, model=cfg.model, batch_size=cfg.batch_size, max_length=cfg.max_length,
                     precision=cfg.precision, device=cfg.device, **options)
+    if getattr(flow.task, "takes_images", False):
+        if not texts:
+            raise ValueError(f"{cfg.task} reads images: name the image files, e.g. sampan task {cfg.task} page.png")
+        for path, lines in zip(texts, flow(texts), strict=True):
+            print(json.dumps({"image": path, "lines": lines}, ensure_ascii=False))
+        return 0
     for result in flow(texts):
         print(json.dumps(result, ensure_ascii=False))
     return 0
@@ -86,8 +93,9 @@ def register(subparsers) -> None:
                                  description="Run a task through the inference predictor and print one JSON line "
                                              "per text, e.g. sampan task sentiment_analysis 这家餐厅的服务非常棒",
                                  epilog="tasks: sentiment_analysis, ner, word_segmentation, text_generation, "
-                                        "poetry_generation, fill_mask. Example: sampan task poetry_generation 春 "
-                                        "--option line_chars=5 --option seed=1")
+                                        "poetry_generation, fill_mask, ocr (its arguments are image files). "
+                                        "Examples: sampan task poetry_generation 春 --option line_chars=5 --option "
+                                        "seed=1; sampan task ocr page.png scan.jpg")
     from sampan.utils.flags import add_dataclass_args
 
     add_dataclass_args(task, TaskOptions, positional={"task": "?", "texts": "*"}, flags={"options": ("--option",), "list_tasks": ("--list",)},

@@ -6,12 +6,13 @@ from sampan.taskflow.chat import Chat
 from sampan.taskflow.fill_mask import FillMask
 from sampan.taskflow.generation import PoetryGeneration, TextGeneration
 from sampan.taskflow.ner import NER
+from sampan.taskflow.ocr import OCR
 from sampan.taskflow.segmentation import WordSegmentation
 from sampan.taskflow.sentiment import SentimentAnalysis
 from sampan.taskflow.task import Task
 
 TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (
-    SentimentAnalysis, NER, WordSegmentation, TextGeneration, PoetryGeneration, FillMask, Chat)}
+    SentimentAnalysis, NER, WordSegmentation, TextGeneration, PoetryGeneration, FillMask, Chat, OCR)}
 
 
 def task_class(name: str) -> type[Task]:
