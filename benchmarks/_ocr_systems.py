@@ -1,8 +1,9 @@
 """The three OCR systems of ``benchmarks/ocr.py`` behind one interface: a line image to text, a page
 image to ``[(quad, text)]``, and the bytes of the model files they read.
 
-- sampan: the DB detector and the CTC recogniser from their ``save_pretrained`` directories (eager
-  PyTorch; a page's boxes are cropped upright and read in one batch);
+- sampan: the CTC recogniser from its ``save_pretrained`` directory (eager PyTorch) for line images;
+  pages through ``Taskflow("ocr")`` (both models exported to ONNX Runtime) where that task exists,
+  else the eager detector, each box cropped upright and the crops read in one batch;
 - Tesseract 5 (``chi_sim``) through its command line: ``--psm 7`` (one text line) for line images,
   its default page segmentation for pages, line boxes from its TSV output;
 - PP-OCRv4 through ``rapidocr-onnxruntime`` (ONNX Runtime): its recogniser alone on line images,
@@ -92,7 +93,7 @@ class SampanSystem:
 
     name = "sampan"
 
-    def __init__(self, det_dir: Path, rec_dir: Path, threads: int) -> None:
+    def __init__(self, det_dir: Path, rec_dir: Path, threads: int, pages: str = "auto") -> None:
         import torch
 
         from sampan.vision.det_db import MODEL_TYPE as DET_TYPE
@@ -110,6 +111,18 @@ class SampanSystem:
         self.det_dir, self.rec_dir = det, rec
         self.rec = CTCRecognizer.from_pretrained(rec).eval()
         self.det = DBDetector.from_pretrained(det).eval() if det is not None else None
+        self.taskflow, self.page_engine = None, "PyTorch eager: DBDetector.detect, crop_quad, CTCRecognizer.recognize"
+        if pages not in ("auto", "taskflow", "eager"):
+            raise ValueError(f"pages must be auto, taskflow or eager, got {pages!r}")
+        if det is not None and pages != "eager":
+            from sampan.taskflow import Taskflow
+            from sampan.taskflow.registry import TASKS
+
+            if "ocr" in TASKS:
+                self.taskflow = Taskflow("ocr", det_model=str(det), rec_model=str(rec), num_threads=threads)
+                self.page_engine = 'Taskflow("ocr"): exported det + rec through the inference predictor'
+            elif pages == "taskflow":
+                raise Unavailable("not installed", 'this checkout has no Taskflow("ocr"); use --sampan-pages eager')
 
     @property
     def reads_pages(self) -> bool:
@@ -121,6 +134,8 @@ class SampanSystem:
     def read_page(self, sample: Sample) -> list[tuple[np.ndarray, str]]:
         if self.det is None:
             raise Unavailable("not trained yet", f"no detector in {self.missing['det']}")
+        if self.taskflow is not None:
+            return [(np.asarray(r["box"], dtype=np.float64), r["text"]) for r in self.taskflow(sample.image)]
         boxes = self.det.detect(sample.image)
         if not boxes:
             return []
@@ -133,7 +148,7 @@ class SampanSystem:
         params = {"rec": sum(p.numel() for p in self.rec.parameters())}
         if self.det is not None:
             params["det"] = sum(p.numel() for p in self.det.parameters())
-        return {"engine": "PyTorch eager: DBDetector.detect, crop_quad, CTCRecognizer.recognize",
+        return {"line_engine": "PyTorch eager: CTCRecognizer.recognize", "page_engine": self.page_engine,
                 "model_dirs": files, "model_bytes": sizes, "model_bytes_total": sum(sizes.values()),
                 "parameters": params}
 
