@@ -11,13 +11,17 @@ The expression before ``|`` reads results files by their stem (``model_step`` is
 (``["dp2×mp2"]``, ``[0]``), and may combine them with ``+ - * /``, ``min``, ``max``, ``abs``,
 ``len``, ``round``, ``each(list, "field.path"[, "filter.path", value])`` (that field of every
 item, or of those whose filter field equals the value) and ``pick(list, "field.path", value)``
-(the one item whose field equals the value); ``mark(a <= b)`` renders a goal's verdict (✅ / ❌)
+(the one item whose field equals the value), ``shown(entry, "field.path", ".3f")`` (that field
+formatted, or the status of an entry that was not measured: "not trained yet") and
+``interval(entry, "field.path", "+.3f")`` (a ``difference`` with its ``ci95``, or that status);
+``mark(a <= b)`` renders a goal's verdict (✅ / ❌)
 from the figures, so a goal's mark changes when the run does. After ``|`` comes a Python format spec
 (``.3f``, ``.1%``, ``,.0f``); ``cpu(model_step)`` renders the file's machine (its CPU capability).
 Links in a template are relative to ``docs/``, where the table is rendered.
 
 The rendered table sits in ``docs/benchmarks.md`` between ``<!-- results:NAME ... -->`` and
-``<!-- /results:NAME -->``. Rules the renderer enforces, so the page cannot drift from its runs:
+``<!-- /results:NAME -->`` (and, for the tables ``TOPIC_PAGES`` names, in their topic page too).
+Rules the renderer enforces, so the page cannot drift from its runs:
 
 - a figure column (named in the template's ``<!-- figures: a; b -->`` line, separated by ";") holds no literal
   number outside a placeholder or a code span;
@@ -46,6 +50,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 TEMPLATES = ROOT / "benchmarks" / "tables"
 PAGE = ROOT / "docs" / "benchmarks.md"
+# Topic pages that show some of the tables too, rendered from the same templates (so they cannot drift).
+TOPIC_PAGES: dict[Path, tuple[str, ...]] = {ROOT / "docs" / "ocr.md": ("ocr",)}
 
 _PLACEHOLDER = re.compile(r"\{\{(.+?)\}\}")
 _FIGURES_LINE = re.compile(r"^<!--\s*figures:(.*?)-->\s*$", re.M)
@@ -67,6 +73,38 @@ def _each(items: list[Any], dotted: str, where: str | None = None, equals: Any =
     return [_path(i, dotted) for i in items if where is None or _path(i, where) == equals]
 
 
+def _reach(item: Any, dotted: str) -> tuple[Any, str | None]:
+    """``(the field dotted, None)`` (a digit indexes a list), or ``(None, status)`` where the path
+    stops at an entry whose ``status`` says it was not measured ("not trained yet", "not
+    installed"). A missing field under a measured entry is an error."""
+    for key in dotted.split("."):
+        if isinstance(item, dict) and key in item:
+            item = item[key]
+        elif isinstance(item, list) and key.isdigit() and int(key) < len(item):
+            item = item[int(key)]
+        elif isinstance(item, dict) and item.get("status") not in (None, "measured"):
+            return None, str(item["status"])
+        else:
+            raise KeyError(f"no key {key!r} in {dotted!r}")
+    return item, None
+
+
+def _shown(item: Any, dotted: str, spec: str = "") -> str:
+    """The field ``dotted`` of ``item`` formatted with ``spec``, or the status of an entry not measured."""
+    value, status = _reach(item, dotted)
+    return status if status is not None else format(value, spec)
+
+
+def _interval(item: Any, dotted: str, spec: str = "") -> str:
+    """A difference with its interval, ``"d (low to high)"``, from the field ``dotted`` of ``item``
+    (``{"difference": d, "ci95": [low, high]}``), or the status of an entry not measured."""
+    value, status = _reach(item, dotted)
+    if status is not None:
+        return status
+    low, high = value["ci95"]
+    return f"{format(value['difference'], spec)} ({format(low, spec)} to {format(high, spec)})"
+
+
 def _pick(items: list[Any], where: str, equals: Any) -> Any:
     """The one item whose field ``where`` equals ``equals``."""
     found = [i for i in items if _path(i, where) == equals]
@@ -76,7 +114,8 @@ def _pick(items: list[Any], where: str, equals: Any) -> Any:
 
 
 _FUNCTIONS = {"min": min, "max": max, "abs": abs, "len": len, "round": round,
-              "each": _each, "pick": _pick, "mark": lambda ok: "✅" if ok else "❌"}
+              "each": _each, "pick": _pick, "shown": _shown, "interval": _interval,
+              "mark": lambda ok: "✅" if ok else "❌"}
 _COMPARE = {ast.Lt: lambda a, b: a < b, ast.LtE: lambda a, b: a <= b,
             ast.Gt: lambda a, b: a > b, ast.GtE: lambda a, b: a >= b}
 _BINOPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
@@ -234,15 +273,16 @@ def _section(name: str) -> re.Pattern[str]:
     return re.compile(rf"(<!-- results:{re.escape(name)}\b[^>]*-->\n)(.*?)(<!-- /results:{re.escape(name)} -->)", re.S)
 
 
-def rendered_page(page: str, results: Results | None = None,
-                  templates: Path = TEMPLATES) -> tuple[str, dict[str, Rendered]]:
-    """The page (``docs/benchmarks.md``'s text) with every results section replaced by its rendering."""
+def rendered_page(page: str, results: Results | None = None, templates: Path = TEMPLATES,
+                  names: tuple[str, ...] | None = None, where: Path = PAGE) -> tuple[str, dict[str, Rendered]]:
+    """The page (``docs/benchmarks.md``'s text, or ``where``'s) with every results section (of
+    ``names``, default all templates) replaced by its rendering."""
     results = results if results is not None else Results(RESULTS)
     tables: dict[str, Rendered] = {}
-    for name in table_names(templates):
+    for name in table_names(templates) if names is None else names:
         pattern = _section(name)
         if not pattern.search(page):
-            raise TableError(f"{PAGE.relative_to(ROOT)} has no '<!-- results:{name} -->' ... "
+            raise TableError(f"{where.relative_to(ROOT)} has no '<!-- results:{name} -->' ... "
                              f"'<!-- /results:{name} -->' section for benchmarks/tables/{name}.md")
         tables[name] = render(name, results, templates)
         page = pattern.sub(lambda m, t=tables[name]: m.group(1) + t.text + m.group(3), page)
@@ -254,30 +294,36 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true",
                         help="exit 1 and print the difference when the page does not match the results")
-    parser.add_argument("--page", type=Path, default=PAGE, help="the page to render into (docs/benchmarks.md)")
+    parser.add_argument("--page", type=Path, default=None,
+                        help="the one page to render every table into (default: docs/benchmarks.md, and the "
+                             "topic pages' own tables: " + ", ".join(p.name for p in TOPIC_PAGES) + ")")
     args = parser.parse_args(argv)
-    current = args.page.read_text(encoding="utf-8")
-    try:
-        updated, tables = rendered_page(current)
-    except TableError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    name = args.page.name
-    if args.check:
+    pages = {args.page: None} if args.page is not None else {PAGE: None, **TOPIC_PAGES}
+    status = 0
+    for path, names in pages.items():
+        current = path.read_text(encoding="utf-8")
+        try:
+            updated, tables = rendered_page(current, names=names, where=path)
+        except TableError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        name = path.name
+        if args.check:
+            if updated != current:
+                sys.stdout.writelines(difflib.unified_diff(current.splitlines(True), updated.splitlines(True),
+                                                           name, f"{name} (from the results)"))
+                print(f"{name}'s tables differ from benchmarks/results: run python benchmarks/results_tables.py",
+                      file=sys.stderr)
+                status = 1
+            else:
+                print(f"{name} matches benchmarks/results ({', '.join(tables)})")
+            continue
         if updated != current:
-            sys.stdout.writelines(difflib.unified_diff(current.splitlines(True), updated.splitlines(True),
-                                                       name, f"{name} (from the results)"))
-            print(f"{name}'s tables differ from benchmarks/results: run python benchmarks/results_tables.py",
-                  file=sys.stderr)
-            return 1
-        print(f"{name} matches benchmarks/results ({', '.join(tables)})")
-        return 0
-    if updated != current:
-        tmp = args.page.with_name(f".{name}.tmp")
-        tmp.write_text(updated, encoding="utf-8")
-        tmp.replace(args.page)
-    print(f"{name}: {', '.join(f'{n} ({len(t.files)} results files)' for n, t in tables.items())}")
-    return 0
+            tmp = path.with_name(f".{name}.tmp")
+            tmp.write_text(updated, encoding="utf-8")
+            tmp.replace(path)
+        print(f"{name}: {', '.join(f'{n} ({len(t.files)} results files)' for n, t in tables.items())}")
+    return status
 
 
 if __name__ == "__main__":
