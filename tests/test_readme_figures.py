@@ -117,6 +117,22 @@ def test_renders_fields_formats_and_verdicts(tmp_path):
     assert out.files == {"a"}
 
 
+def test_shown_and_interval_render_a_figure_or_the_status_of_what_was_not_measured(tmp_path):
+    template = ("<!-- figures: x; y -->\n| what | x | y |\n|---|---|---|\n"
+                '| a | {{ shown(a.s.x, "acc", ".3f") }} | {{ interval(a.d, "x.clean", "+.2f") }} |\n'
+                '| b | {{ shown(a.s.y, "lines.acc", ".3f") }} | {{ interval(a.e, "x.clean", "+.2f") }} |\n')
+    data = {"machine": AVX2, "s": {"x": {"status": "measured", "acc": 0.9876}, "y": {"status": "not trained yet"}},
+            "d": {"status": "measured", "x": {"clean": {"difference": 0.1, "ci95": [0.05, 0.15]}}},
+            "e": {"status": "not installed"}}
+    templates, results = _setup(tmp_path, template, {"a": data})
+    text = results_tables.render("t", results, templates).text
+    assert "| a | 0.988 | +0.10 (+0.05 to +0.15) |" in text and "| b | not trained yet | not installed |" in text
+    data["s"]["x"].pop("acc")  # a measured entry without the field is an error, not a status
+    templates, results = _setup(tmp_path / "2", template, {"a": data})
+    with pytest.raises(results_tables.TableError, match="no key 'acc'"):
+        results_tables.render("t", results, templates)
+
+
 def test_refuses_a_number_typed_into_a_figure_column(tmp_path):
     template = "<!-- figures: result -->\n| what | result |\n|---|---|\n| h=256 | {{ a.ratio | .2f }} and 1.09× |\n"
     templates, results = _setup(tmp_path, template, {"a": {"machine": AVX2, "ratio": 1.0}})
