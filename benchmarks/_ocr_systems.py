@@ -1,9 +1,10 @@
 """The three OCR systems of ``benchmarks/ocr.py`` behind one interface: a line image to text, a page
 image to ``[(quad, text)]``, and the bytes of the model files they read.
 
-- sampan: the CTC recogniser from its ``save_pretrained`` directory (eager PyTorch) for line images;
-  pages through ``Taskflow("ocr")`` (both models exported to ONNX Runtime) where that task exists,
-  else the eager detector, each box cropped upright and the crops read in one batch;
+- sampan: ``Taskflow("ocr")`` where that task exists (both models exported and run by ONNX Runtime,
+  as PP-OCRv4 is): its ``recognize`` for line images, the whole task for pages; else the eager
+  PyTorch models from their ``save_pretrained`` directories (``recognize`` for lines; ``detect``,
+  each box cropped upright, the crops read in one batch, for pages);
 - Tesseract 5 (``chi_sim``) through its command line: ``--psm 7`` (one text line) for line images,
   its default page segmentation for pages, line boxes from its TSV output;
 - PP-OCRv4 through ``rapidocr-onnxruntime`` (ONNX Runtime): its recogniser alone on line images,
@@ -93,7 +94,7 @@ class SampanSystem:
 
     name = "sampan"
 
-    def __init__(self, det_dir: Path, rec_dir: Path, threads: int, pages: str = "auto") -> None:
+    def __init__(self, det_dir: Path, rec_dir: Path, threads: int, engine: str = "auto") -> None:
         import torch
 
         from sampan.vision.det_db import MODEL_TYPE as DET_TYPE
@@ -112,23 +113,27 @@ class SampanSystem:
         self.rec = CTCRecognizer.from_pretrained(rec).eval()
         self.det = DBDetector.from_pretrained(det).eval() if det is not None else None
         self.taskflow, self.page_engine = None, "PyTorch eager: DBDetector.detect, crop_quad, CTCRecognizer.recognize"
-        if pages not in ("auto", "taskflow", "eager"):
-            raise ValueError(f"pages must be auto, taskflow or eager, got {pages!r}")
-        if det is not None and pages != "eager":
+        self.line_engine = "PyTorch eager: CTCRecognizer.recognize"
+        if engine not in ("auto", "taskflow", "eager"):
+            raise ValueError(f"engine must be auto, taskflow or eager, got {engine!r}")
+        if det is not None and engine != "eager":
             from sampan.taskflow import Taskflow
             from sampan.taskflow.registry import TASKS
 
             if "ocr" in TASKS:
                 self.taskflow = Taskflow("ocr", det_model=str(det), rec_model=str(rec), num_threads=threads)
                 self.page_engine = 'Taskflow("ocr"): exported det + rec through the inference predictor'
-            elif pages == "taskflow":
-                raise Unavailable("not installed", 'this checkout has no Taskflow("ocr"); use --sampan-pages eager')
+                self.line_engine = 'Taskflow("ocr").task.recognize: the exported rec through the inference predictor'
+            elif engine == "taskflow":
+                raise Unavailable("not installed", 'this checkout has no Taskflow("ocr"); use --sampan-engine eager')
 
     @property
     def reads_pages(self) -> bool:
         return self.det is not None
 
     def read_line(self, sample: Sample) -> str:
+        if self.taskflow is not None:
+            return self.taskflow.task.recognize([np.asarray(sample.image)])[0][0]
         return self.rec.recognize([sample.image])[0].text
 
     def read_page(self, sample: Sample) -> list[tuple[np.ndarray, str]]:
@@ -148,7 +153,7 @@ class SampanSystem:
         params = {"rec": sum(p.numel() for p in self.rec.parameters())}
         if self.det is not None:
             params["det"] = sum(p.numel() for p in self.det.parameters())
-        return {"line_engine": "PyTorch eager: CTCRecognizer.recognize", "page_engine": self.page_engine,
+        return {"line_engine": self.line_engine, "page_engine": self.page_engine,
                 "model_dirs": files, "model_bytes": sizes, "model_bytes_total": sum(sizes.values()),
                 "parameters": params}
 

@@ -83,9 +83,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rec", type=Path, default=user_models_dir() / "ocr-rec-zh",
                         help="sampan's recogniser directory (default $SAMPAN_HOME/models/ocr-rec-zh)")
     parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"which of {','.join(SYSTEMS)} to run")
-    parser.add_argument("--sampan-pages", choices=("auto", "taskflow", "eager"), default="auto",
-                        help='sampan\'s page path: Taskflow("ocr") (ONNX Runtime), the eager detect + recognize, '
-                             "or auto (Taskflow where this checkout has it)")
+    parser.add_argument("--sampan-engine", choices=("auto", "taskflow", "eager"), default="auto",
+                        help='how sampan runs: Taskflow("ocr") (both models on ONNX Runtime, as PP-OCRv4), the eager '
+                             "PyTorch models, or auto (Taskflow where this checkout has it)")
     parser.add_argument("--tesseract-lang", default="chi_sim", help="tesseract's -l (default chi_sim)")
     parser.add_argument("--threads", type=int, default=2, help="threads each system may use (default 2)")
     parser.add_argument("--latency-lines", type=int, default=None, help="line images timed per system (20)")
@@ -197,7 +197,7 @@ def load_samples(sets: dict[str, dict[str, Any]]) -> dict[str, Any]:
 # -- running the systems -------------------------------------------------------------------------------
 def make_system(name: str, args: argparse.Namespace):
     if name == "sampan":
-        return SampanSystem(args.det, args.rec, args.threads, args.sampan_pages)
+        return SampanSystem(args.det, args.rec, args.threads, args.sampan_engine)
     if name == "tesseract":
         return TesseractSystem(args.tesseract_lang, args.threads)
     return PPOCRSystem(args.threads)

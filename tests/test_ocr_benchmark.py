@@ -178,8 +178,8 @@ def test_quick_run_records_sampan_and_says_why_a_system_is_missing(tiny_set, tmp
     out = tmp_path / "ocr.json"
     common = ["--quick", "--lines", "4", "--pages", "1", "--data", str(root), "--threads", "1", "--corpora", "sanguo",
               "--systems", "sampan", "--resamples", "50"]
-    # Eager pages: Taskflow("ocr") would export both models to ONNX first (~50 s here); its own tests cover it.
-    assert ocr.main([*common, "--sampan-pages", "eager", "--det", str(det), "--rec", str(rec), "--out", str(out)]) == 0
+    # Eager models: Taskflow("ocr") would export both to ONNX first (~50 s here); its own tests cover it.
+    assert ocr.main([*common, "--sampan-engine", "eager", "--det", str(det), "--rec", str(rec), "--out", str(out)]) == 0
     result = json.loads(out.read_text(encoding="utf-8"))
     assert result["benchmark"] == "ocr" and result["machine"]["cpu_count"] and result["quick"]
     assert result["data"]["sets"]["clean"]["reused"]  # the fixture's build, found by its settings
@@ -187,6 +187,7 @@ def test_quick_run_records_sampan_and_says_why_a_system_is_missing(tiny_set, tmp
     assert entry["status"] == "measured"
     assert entry["model"]["model_bytes_total"] > 0 and entry["model"]["parameters"]["det"] > 0
     assert entry["model"]["page_engine"].startswith("PyTorch eager")
+    assert entry["model"]["line_engine"].startswith("PyTorch eager")
     for condition in ("clean", "degraded"):
         scores = entry["lines"][condition]
         assert scores["lines"] == 4 and scores["char_accuracy"] <= 1.0 and 0 <= scores["exact_line_accuracy"] <= 1
