@@ -79,3 +79,60 @@ def test_line_accuracy_is_one_minus_the_normalised_edit_distance():
     assert figures["line_accuracy"] == pytest.approx(1 / 3) and figures["lines"] == 3
     with pytest.raises(ValueError, match="2 predictions for 1"):
         line_accuracy(["a", "b"], ["a"])
+
+
+def _labelled_lines(tmp_path, texts):
+    """Rendered line images and their JSONL labels (image paths relative to the file)."""
+    import numpy as np
+
+    from sampan.vision.fonts import installed_fonts
+    from sampan.vision.render import render_line
+
+    font = installed_fonts()[0]
+    (tmp_path / "lines").mkdir()
+    rows = []
+    for i, text in enumerate(texts):
+        render_line(text, font, 24, np.random.default_rng(i)).image.save(tmp_path / "lines" / f"{i}.png")
+        rows.append(json.dumps({"image": f"lines/{i}.png", "text": text}, ensure_ascii=False))
+    labels = tmp_path / "labels.jsonl"
+    labels.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return labels
+
+
+def test_finetune_ocr_rec_trains_a_recogniser_on_labelled_lines(tmp_path):
+    from sampan.finetune import FinetuneConfig, finetune
+    from sampan.vision.rec_ctc import RecognizerConfig
+
+    torch.set_num_threads(1)
+    charset = list("一二三四五六七八九十")
+    base = tmp_path / "base"
+    torch.manual_seed(0)
+    CTCRecognizer(RecognizerConfig.tiny(len(charset) + 1), charset).save_pretrained(base)
+    texts = ["一二三", "四五六", "七八九", "十一二", "三四五", "六七八", "九十一", "二三四", "五六七", "八九十", "一三五"]
+    labels = _labelled_lines(tmp_path, [*texts, "一二X"])  # X is outside the charset: left out
+    out = tmp_path / "tuned"
+    result = finetune(FinetuneConfig(task="ocr_rec", model=str(base), data=str(labels), dev_fraction=0.2, training={
+        "output_dir": str(out), "max_steps": 4, "per_device_train_batch_size": 4, "learning_rate": 1e-3,
+        "warmup_ratio": 0.0, "tensorboard": False}))
+    assert result.data_sizes == {"train": 9, "dev": 2, "test": 2}  # 11 usable lines, 2 held out as dev (= test)
+    assert set(result.metrics) >= {"char_accuracy", "line_accuracy"} and result.dev_metrics["step"] == 4  # evaluated at the end only
+    tuned = CTCRecognizer.from_pretrained(out)
+    assert tuned.codec.charset == charset and (out / "training" / "metrics.jsonl").is_file()
+    assert not torch.equal(tuned.head.weight, CTCRecognizer.from_pretrained(base).head.weight)
+
+
+def test_finetune_ocr_rec_names_bad_labels(tmp_path):
+    from sampan.finetune import FinetuneConfig
+    from sampan.finetune.ocr_rec import read_line_labels
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"image": "nowhere.png", "text": "一"}\n', encoding="utf-8")
+    with pytest.raises(FileNotFoundError, match=r"bad.jsonl:1: image .*nowhere.png not found"):
+        read_line_labels(bad)
+    bad.write_text('{"img": "a.png"}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: each record is"):
+        read_line_labels(bad)
+    with pytest.raises(ValueError, match="must be 'full' for task='ocr_rec'"):
+        FinetuneConfig(task="ocr_rec", data=str(bad), method="lora")
+    with pytest.raises(ValueError, match="JSONL file"):
+        FinetuneConfig(task="ocr_rec")

@@ -10,7 +10,7 @@ from sampan.finetune.dpo_config import DPOConfig
 from sampan.trainer.arguments import TrainingArguments
 from sampan.utils.config import nested, refuse_changes, resolve_nested
 
-TASKS = ("sentiment_analysis", "ner", "chat", "dpo")
+TASKS = ("sentiment_analysis", "ner", "chat", "dpo", "ocr_rec")
 # The tasks that fine-tune a causal LM on chat-template text (sampan/finetune/causal_lm.py).
 CAUSAL_TASKS = ("chat", "dpo")
 METHODS = ("full", "lora", "adapter")
@@ -183,6 +183,10 @@ class FinetuneConfig:
         need(self.save in SAVE_MODES, "save", f"must be one of {list(SAVE_MODES)}")
         need(isinstance(self.model, str) and bool(self.model), "model", "must be a model directory, stored model name or config name")
         need(isinstance(self.data, str) and bool(self.data), "data", "must be 'builtin' or a path")
+        if self.task == "ocr_rec":  # a CTC line recogniser on labelled line images (sampan/finetune/ocr_rec.py)
+            need(self.data != "builtin", "data", "must be a JSONL file of {\"image\", \"text\"} records (or a directory "
+                 "with train.jsonl) for task='ocr_rec'")
+            need(self.method == "full", "method", "must be 'full' for task='ocr_rec' (the recogniser trains whole)")
         if self.task in CAUSAL_TASKS:
             need(self.data != "builtin", "data", f"must be a JSONL file or directory for task={self.task!r} (there is "
                  "no builtin chat data; `sampan data build-chat` writes a Chinese instruction set)")

@@ -90,6 +90,10 @@ def finetune(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = None
         from sampan.finetune.dpo_train import run_dpo
 
         return run_dpo(cfg, callbacks)
+    if cfg.task == "ocr_rec":  # a CTC line recogniser on labelled line images (sampan/finetune/ocr_rec.py)
+        from sampan.finetune.ocr_rec import run_ocr_rec
+
+        return run_ocr_rec(cfg, callbacks)
     training = cfg.training
     resolve_device(training.device)  # a GPU that is not there fails now, not after the data is loaded
     out = Path(training.output_dir)

@@ -48,22 +48,33 @@ def resized_width(width: int, height: int, config: RecognizerConfig) -> int:
 
 
 class LineDataset(torch.utils.data.Dataset):
-    """The line images of one split of a ``build-ocr`` directory: ``{"image": PIL RGB, "text": str}``.
+    """Labelled line images: ``{"image": PIL RGB, "text": str}`` per item.
 
-    Lines whose text has more characters than the model makes frames from their image cannot be
-    aligned by CTC and are left out (counted in ``dropped``). ``lengths`` holds each line's width
-    after resizing, for ``group_by_length``.
+    ``records`` hold ``image`` (a path, relative to ``image_root`` or absolute) and ``text``, and
+    ``width`` / ``height`` when known (else read from the file's header). Lines whose text has more
+    characters than the model makes frames from their image cannot be aligned by CTC and are left
+    out (counted in ``dropped``). ``lengths`` holds each line's width after resizing, for
+    ``group_by_length``.
     """
 
-    def __init__(self, root: str | Path, split: str, config: RecognizerConfig,
-                 keep: Callable[[dict], bool] = lambda record: True):
-        self.root = Path(root) / split
-        records = [r for r in read_records(root, split, "lines") if keep(r)]
-        widths = [resized_width(r["width"], r["height"], config) for r in records]
+    def __init__(self, records: Sequence[dict], image_root: str | Path, config: RecognizerConfig):
+        self.root = Path(image_root)
+        sizes = [(r["width"], r["height"]) if "width" in r and "height" in r else self._size(r) for r in records]
+        widths = [resized_width(w, h, config) for w, h in sizes]
         fits = [len(r["text"]) <= w // WIDTH_STRIDE for r, w in zip(records, widths, strict=True)]
         self.records = [r for r, ok in zip(records, fits, strict=True) if ok]
         self.lengths = [w for w, ok in zip(widths, fits, strict=True) if ok]
         self.dropped = len(records) - len(self.records)
+
+    @classmethod
+    def from_build(cls, root: str | Path, split: str, config: RecognizerConfig,
+                   keep: Callable[[dict], bool] = lambda record: True) -> LineDataset:
+        """The lines of ``split`` of a ``sampan data build-ocr`` directory that ``keep`` accepts."""
+        return cls([r for r in read_records(root, split, "lines") if keep(r)], Path(root) / split, config)
+
+    def _size(self, record: dict) -> tuple[int, int]:
+        with Image.open(self.root / record["image"]) as image:  # the header only: pixels load lazily
+            return image.size
 
     def __len__(self) -> int:
         return len(self.records)
@@ -119,8 +130,8 @@ def build_data(settings: OcrRecRecipe, root: Path, log: Callable[[str], None]) -
 def eval_sets(data: Path, clean: Path, config: RecognizerConfig) -> dict[str, LineDataset]:
     """The held-out sets: "clean" (rendered with no degradation) and "degraded" (the test split's
     lines that got at least one)."""
-    return {"clean": LineDataset(clean, "test", config),
-            "degraded": LineDataset(data, "test", config, keep=lambda r: bool(r["augment"]))}
+    return {"clean": LineDataset.from_build(clean, "test", config),
+            "degraded": LineDataset.from_build(data, "test", config, keep=lambda r: bool(r["augment"]))}
 
 
 def model_config(settings: OcrRecRecipe, num_classes: int) -> RecognizerConfig:
@@ -155,8 +166,9 @@ class RecTrainer(Trainer):
     and keeps the best model so far (by mean character accuracy over the sets) in ``best_dir``."""
 
     def __init__(self, model: CTCRecognizer, args: TrainingArguments, train: LineDataset,
-                 sets: dict[str, LineDataset], eval_batch_size: int = 64):
-        super().__init__(model, args, train, eval_dataset=sets, data_collator=LineCollator(model))
+                 sets: dict[str, LineDataset], eval_batch_size: int = 64, callbacks=None):
+        super().__init__(model, args, train, eval_dataset=sets, data_collator=LineCollator(model),
+                         callbacks=callbacks)
         self.sets, self.eval_batch_size = sets, eval_batch_size
         self.best_dir = Path(args.output_dir) / BEST_DIR
 
@@ -203,7 +215,7 @@ def build_ocr_rec(settings: OcrRecRecipe, out: Path, log: Callable[[str], None])
     config = model_config(settings, len(charset) + 1)
     run_dir = home() / "build" / NAME
     sets = eval_sets(data, clean, config)
-    train = LineDataset(data, "train", config)
+    train = LineDataset.from_build(data, "train", config)
     log(f"hub: {len(train):,} training lines ({train.dropped} too narrow for their text left out), held out "
         + ", ".join(f"{name} {len(ds):,}" for name, ds in sets.items()) + f"; {len(charset):,} characters")
     if not settings.export_only:
