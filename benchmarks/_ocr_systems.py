@@ -147,6 +147,12 @@ class SampanSystem:
         texts = [r.text for r in self.rec.recognize([crop_quad(sample.image, b.quad) for b in boxes])]
         return [(b.quad, t) for b, t in zip(boxes, texts, strict=True)]
 
+    def detect_only(self, sample: Sample) -> list[np.ndarray]:
+        """The detector's boxes before any reading (Taskflow drops a box whose text reads empty)."""
+        if self.taskflow is not None:
+            return [b.quad for b in self.taskflow.task.detect(np.asarray(sample.image))]
+        return [b.quad for b in self.det.detect(sample.image)]
+
     def describe(self) -> dict[str, Any]:
         files = {"rec": str(self.rec_dir), **({"det": str(self.det_dir)} if self.det_dir is not None else {})}
         sizes = {k: _dir_bytes(Path(v)) for k, v in files.items()}
@@ -261,6 +267,11 @@ class PPOCRSystem:
     def read_page(self, sample: Sample) -> list[tuple[np.ndarray, str]]:
         result, _ = self.engine(sample.image, use_cls=False)
         return [(np.asarray(box, dtype=np.float64), text) for box, text, _score in (result or [])]
+
+    def detect_only(self, sample: Sample) -> list[np.ndarray]:
+        """The detector's boxes before any reading (the full pipeline drops reads scored under 0.5)."""
+        result, _ = self.engine(sample.image, use_cls=False, use_rec=False)
+        return [np.asarray(box, dtype=np.float64) for box in (result or [])]
 
     def describe(self) -> dict[str, Any]:
         import onnxruntime

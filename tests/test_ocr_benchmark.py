@@ -192,6 +192,7 @@ def test_quick_run_records_sampan_and_says_why_a_system_is_missing(tiny_set, tmp
         scores = entry["lines"][condition]
         assert scores["lines"] == 4 and scores["char_accuracy"] <= 1.0 and 0 <= scores["exact_line_accuracy"] <= 1
     assert 0 <= entry["pages"]["detection"]["f1"] <= 1 and entry["pages"]["pages"] == 1
+    assert entry["pages"]["detector_alone"]["gold_lines"] == entry["pages"]["detection"]["gold_lines"]
     assert entry["latency"]["line_ms_median"] > 0 and entry["latency"]["page_ms_median"] > 0
     assert result["sampan_minus"] == {"status": "measured"}  # no peer in this run
 
@@ -221,6 +222,7 @@ def test_peers_read_the_tiny_set_or_say_how_to_install_them(tiny_set):
         pages = ocr.evaluate_pages(system, data, log=lambda m: None)
         assert lines["clean"]["char_accuracy"] > 0.5, (system.name, lines["clean"]["examples"])
         assert pages["detection"]["recall"] > 0.5 and pages["end_to_end"]["char_accuracy"] > 0.5, (system.name, pages)
+        assert pages.get("detector_alone", {"recall": 1.0})["recall"] > 0.5, (system.name, pages)
         assert system.describe()["model_bytes_total"] > 1_000_000
         measured.append(system.name)
     print(f"peers measured: {measured or 'none'}")
