@@ -45,7 +45,11 @@ BUILD_OWNED = {"data.out": "set by the recipe ($SAMPAN_HOME/build/data-...: shar
 
 @dataclasses.dataclass
 class ErnieRecipe:
-    """ernie-tiny pretrained with knowledge masking (char -> phrase -> entity).
+    """ernie-tiny-zh: ernie-tiny pretrained with knowledge masking (char -> phrase -> entity).
+
+    A rerun with the same settings continues the run in its work dir from its newest checkpoint
+    (``$SAMPAN_HOME/build/NAME-DIGEST``, one directory per settings, so a rerun with other settings
+    never touches it); ``max_minutes`` stops one sitting early, checkpointed, and stores nothing.
 
     Fields:
         data: the shared data build (``sampan data build``).
@@ -60,7 +64,8 @@ class ErnieRecipe:
         "corpora": "data.corpora", "vocab_size": "data.vocab_size", "seq_len": "data.seq_len", "max_docs": "data.max_docs"}
     OWNED: ClassVar[dict[str, str]] = {
         **BUILD_OWNED, "pretrain.data": "set by the recipe (its data build)",
-        "pretrain.training.output_dir": "set by the recipe ($SAMPAN_HOME/build/ernie-tiny-zh)"}
+        "pretrain.training.output_dir": "set by the recipe ($SAMPAN_HOME/build/NAME-DIGEST, one per settings)",
+        "pretrain.training.resume_from_checkpoint": "set by the recipe (a rerun with the same settings resumes)"}
 
     data: DataBuildConfig = nested(DataBuildConfig, **DATA_DEFAULTS)
     # 4,000 steps (about 5 passes over the rows): against 1,200, held-out char MLM accuracy 4.7% ->
@@ -79,6 +84,44 @@ class ErnieRecipe:
     def __post_init__(self) -> None:
         resolve_nested(self)
         refuse_changes(self)
+
+
+MINI_CORPORA = ("news", "sanguo", "reviews", "debian-zh")
+
+
+@dataclasses.dataclass
+class ErnieMiniRecipe(ErnieRecipe):
+    """ernie-mini-zh: ERNIE 3.0 Mini's shape (6 x 384, 12 heads, FFN 1536) pretrained with knowledge
+    masking on People's Daily, 三国演义, the reviews and the Debian documentation prose, over several
+    sittings (``max_minutes``; each rerun resumes).
+
+    Fields:
+        data: its data build: ernie-tiny-zh's corpora plus ``debian-zh``, a 6,000-token vocabulary.
+        pretrain: the pretraining run on it.
+    """
+
+    # Vocabulary 6,000, as ernie-tiny-zh (measured on debian-zh's held-out documents, tokenizer
+    # trained on the four corpora): 1.113 chars/token and 0.006% [UNK] at 6,000; 1.219 and 0.007%
+    # at 8,000. The four corpora hold 6,006 distinct characters (5,721 Han), so 6,000 already holds
+    # almost every character seen; the 2,000 more tokens of 8,000 are Latin word pieces of the
+    # technical manuals (9% fewer tokens there), which a Chinese base has no use for at 0.77M
+    # embedding parameters.
+    data: DataBuildConfig = nested(DataBuildConfig, **{**DATA_DEFAULTS, "corpora": MINI_CORPORA})
+    # 7,000 steps of batch 32 x 128, cosine from 5e-4 (post-norm BERT-small practice, half
+    # ernie-tiny-zh's 1e-3 for a wider, deeper post-norm stack) to 10% after 350 warmup steps (5%).
+    # Why 7,000: one step took 3.4 s of CPU time at 1 thread (OMP_NUM_THREADS=1, measured on this
+    # 2-core machine under load: 3.38-3.51 s over 5 steps), so 7,000 x 3.4 s = 23,800 s = 6.6 hours
+    # of one core, the 6-8 hours of several sittings. It is about 6 passes over the ~36K packed rows
+    # of the 64K build rows (5.3M characters). Saved every 50 steps and evaluated every 150: on a
+    # shared machine a step took 8-26 s of wall time, so that is a checkpoint at least every ~15
+    # minutes and a held-out MLM loss about every half hour.
+    pretrain: PretrainConfig = nested(
+        PretrainConfig, model={"name": "ernie-mini", "overrides": {"dropout": 0.0, "attention_dropout": 0.0,
+                                                                   "pre_norm": False}},
+        masking="knowledge", pack=True,
+        training={"max_steps": 7000, "per_device_train_batch_size": 32, "learning_rate": 5e-4,
+                  "warmup_steps": 350, "eval_steps": 150, "save_steps": 50, "seed": 0,
+                  "overwrite_output_dir": True})
 
 
 # Both task models are full fine-tunes (the 2-core pretraining leaves a base too weak for LoRA to
@@ -343,28 +386,66 @@ def _fp16_tensors(path: Path) -> None:
         save_file(tensors, str(tmp))
 
 
-def build_ernie(settings: ErnieRecipe, out: Path, log: Callable[[str], None]) -> dict[str, Any]:
-    from sampan.pretraining.evaluate import char_mlm_accuracy, entity_cloze_accuracy
-    from sampan.pretraining.run import pretrain
-    from sampan.text.features import FEATURE_NAMES
-    from sampan.text.shards import SpanShardDataset
+class BuildPaused(Exception):
+    """A recipe's run stopped at its sitting's ``max_minutes`` before its last step: the run is
+    checkpointed in its work dir, nothing is stored, and the same command continues it."""
 
-    data = _data_build(settings.data, log)
-    pre = settings.pretrain
-    cfg = dataclasses.replace(pre, data=str(data), training=dataclasses.replace(
-        pre.training, output_dir=str(_work_dir("ernie-tiny-zh"))))
-    trainer, summary = pretrain(cfg)
-    held_out = SpanShardDataset(data, "test")
-    model, batcher = trainer.model, trainer.batcher
-    chars = char_mlm_accuracy(model, held_out, batcher, max_rows=512)
-    cloze = entity_cloze_accuracy(model, held_out, batcher, max_entities=1000)
-    log(f"hub: ernie-tiny-zh held-out char MLM accuracy {chars['char_accuracy']:.1%}, "
-        f"whole-entity cloze {cloze['entity_accuracy']:.1%}")
-    # features.json only when the model embeds pinyin / radical / strokes: otherwise nothing reads it.
-    uses_features = any(getattr(model.config, f"{n}_vocab_size") for n in FEATURE_NAMES)
-    _fp16_copy(Path(summary["model_dir"]), out, ("tokenizer.json",) + (("features.json",) if uses_features else ()))
-    return {"parameters": summary["parameters"], "heldout_char_mlm_accuracy": chars["char_accuracy"],
-            "heldout_entity_cloze_accuracy": cloze["entity_accuracy"]}
+
+def _run_dir(name: str, settings: Any) -> Path:
+    """The work dir of a resumable recipe: one per settings, so a rerun with the same settings finds
+    its run and other settings never touch it. What changes no step is left out: the length of one
+    sitting (``max_minutes``) and how progress is shown (``progress_bar``, ``logging_steps``)."""
+    import hashlib
+
+    key = to_dict(settings)
+    for field in ("max_minutes", "progress_bar", "logging_steps"):
+        key.get("pretrain", {}).get("training", {}).pop(field, None)
+    return _work_dir(name).with_name(
+        f"{name}-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:8]}")
+
+
+def _build_ernie(name: str) -> Callable[[ErnieRecipe, Path, Callable[[str], None]], dict[str, Any]]:
+    def build_ernie(settings: ErnieRecipe, out: Path, log: Callable[[str], None]) -> dict[str, Any]:
+        from sampan.pretraining.evaluate import char_mlm_accuracy, entity_cloze_accuracy
+        from sampan.pretraining.run import pretrain
+        from sampan.text.features import FEATURE_NAMES
+        from sampan.text.shards import SpanShardDataset
+        from sampan.trainer.callbacks import TrainerCallback
+
+        class LastEval(TrainerCallback):
+            metrics: dict[str, Any] = {}
+
+            def on_evaluate(self, args, state, metrics):
+                self.metrics = dict(metrics)
+
+        data = _data_build(settings.data, log)
+        pre = settings.pretrain
+        run_dir = _run_dir(name, settings)
+        log(f"hub: {name} runs in {run_dir} (a rerun with the same settings continues it)")
+        cfg = dataclasses.replace(pre, data=str(data), training=dataclasses.replace(
+            pre.training, output_dir=str(run_dir), resume_from_checkpoint="auto"))
+        last_eval = LastEval()
+        trainer, summary = pretrain(cfg, callbacks=[last_eval])
+        step = trainer.state.global_step
+        if step < trainer.max_steps:
+            raise BuildPaused(f"{name} stopped at step {step} of {trainer.max_steps} (max_minutes "
+                              f"{pre.training.max_minutes:g}); its checkpoint is in {run_dir}")
+        if last_eval.metrics.get("step") != step:  # resumed at the end: nothing evaluated in this process
+            trainer.evaluate()
+        held_out = SpanShardDataset(data, "test")
+        model, batcher = trainer.model, trainer.batcher
+        chars = char_mlm_accuracy(model, held_out, batcher, max_rows=512)
+        cloze = entity_cloze_accuracy(model, held_out, batcher, max_entities=1000)
+        log(f"hub: {name} held-out MLM loss {last_eval.metrics['eval_loss']:.3f}, char MLM accuracy "
+            f"{chars['char_accuracy']:.1%}, whole-entity cloze {cloze['entity_accuracy']:.1%}")
+        # features.json only when the model embeds pinyin / radical / strokes: otherwise nothing reads it.
+        uses_features = any(getattr(model.config, f"{n}_vocab_size") for n in FEATURE_NAMES)
+        _fp16_copy(Path(summary["model_dir"]), out, ("tokenizer.json",) + (("features.json",) if uses_features else ()))
+        return {"parameters": summary["parameters"], "steps": step,
+                "heldout_mlm_loss": last_eval.metrics["eval_loss"], "heldout_char_mlm_accuracy": chars["char_accuracy"],
+                "heldout_entity_cloze_accuracy": cloze["entity_accuracy"]}
+
+    return build_ernie
 
 
 def _stream(data: Path, split: str, corpora: list[str]):
@@ -578,7 +659,11 @@ def register(recipe: Recipe) -> None:
 
 register(Recipe("ernie-tiny-zh", "fill_mask",
                 "ernie-tiny (4 x 256) pretrained with ERNIE knowledge masking on People's Daily, 三国演义 "
-                "and review text", ErnieRecipe, build_ernie))
+                "and review text", ErnieRecipe, _build_ernie("ernie-tiny-zh")))
+register(Recipe("ernie-mini-zh", "fill_mask",
+                "ernie-mini (6 x 384, ERNIE 3.0 Mini's shape) pretrained with ERNIE knowledge masking on People's "
+                "Daily, 三国演义, review text and the Simplified-Chinese prose of Debian's documentation packages",
+                ErnieMiniRecipe, _build_ernie("ernie-mini-zh")))
 register(Recipe("gpt-zh", "text_generation",
                 "a 4 x 256 GPT trained on People's Daily 1998, 三国演义 and 12,000 Tang poems with ernie-tiny-zh's "
                 "tokenizer",
@@ -622,13 +707,14 @@ def parse_settings(cls: type, pairs: list[str]) -> Any:
 
 
 def build(name: str, settings_pairs: list[str] | None = None, log: Callable[[str], None] = print,
-          out_root: Path | None = None, settings: Any = None) -> Path:
+          out_root: Path | None = None, settings: Any = None) -> Path | None:
     """Run recipe ``name`` and store the result as ``out_root/name`` (default ``$SAMPAN_HOME/models``),
     with ``settings`` (the recipe's settings dataclass; default: its defaults) changed by
     ``settings_pairs`` (``--set`` strings).
 
     The model is written to a temporary directory and renamed into place only when complete, so
-    an interrupted build leaves the previous model (or none), never half of one.
+    an interrupted build leaves the previous model (or none), never half of one. A resumable
+    recipe stopped by its ``max_minutes`` stores nothing and returns None; rerun it to continue.
     """
     if name not in RECIPES:
         raise ValueError(f"no recipe {name!r}; {did_you_mean(name, RECIPES)}recipes: {', '.join(sorted(RECIPES))}")
@@ -647,18 +733,26 @@ def build(name: str, settings_pairs: list[str] | None = None, log: Callable[[str
     root.mkdir(parents=True, exist_ok=True)
     target = root / name
     start = time.perf_counter()
-    with atomic_dir(target) as tmp:
-        metrics = recipe.build(settings, tmp, log)
-        card = ModelCard(name=name, task=recipe.task, description=recipe.description, recipe=name,
-                         base=settings.finetune.model if recipe.base else None,
-                         metrics={k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v)
-                                  for k, v in metrics.items()},
-                         settings=to_dict(settings))
-        card.settings["build_seconds"] = round(time.perf_counter() - start, 1)
-        (tmp / CARD_NAME).write_text(json.dumps(card.to_json(), ensure_ascii=False, indent=2) + "\n",
-                                     encoding="utf-8")
+    try:
+        with atomic_dir(target) as tmp:
+            metrics = recipe.build(settings, tmp, log)
+            _write_card(tmp, name, recipe, settings, metrics, start)
+    except BuildPaused as paused:
+        log(f"hub: {paused}; run the same command again to continue (nothing stored yet)")
+        return None
     log(f"hub: built {name} -> {target}")
     return target
 
 
-__all__ = ["RECIPES", "Recipe", "build", "parse_settings", "resolve"]
+def _write_card(tmp: Path, name: str, recipe: Recipe, settings: Any, metrics: dict[str, Any], start: float) -> None:
+    """The model card of a finished build: the recipe's figures (finite floats rounded) and settings."""
+    card = ModelCard(name=name, task=recipe.task, description=recipe.description, recipe=name,
+                     base=settings.finetune.model if recipe.base else None,
+                     metrics={k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v)
+                              for k, v in metrics.items()},
+                     settings=to_dict(settings))
+    card.settings["build_seconds"] = round(time.perf_counter() - start, 1)
+    (tmp / CARD_NAME).write_text(json.dumps(card.to_json(), ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+
+
+__all__ = ["RECIPES", "BuildPaused", "Recipe", "build", "parse_settings", "resolve"]

@@ -24,6 +24,11 @@ class TrainingArguments:
         output_dir: checkpoints, ``metrics.jsonl``, TensorBoard events and reports go here.
         max_steps: optimizer steps to run; -1 derives it from ``num_train_epochs``.
         num_train_epochs: epochs over the training set when ``max_steps`` is -1.
+        max_minutes: wall-clock budget of one sitting, in minutes of this process's training loop:
+            when a step ends past it, the run saves a checkpoint and stops short of ``max_steps``;
+            rerun with ``resume_from_checkpoint="auto"`` to continue. The LR schedule still spans
+            ``max_steps``, so a run split over sittings follows the same curve as one in a go.
+            0 sets no budget. Not with a ``strategy`` (ranks would have to agree on the stop).
         per_device_train_batch_size: samples per micro-batch.
         per_device_eval_batch_size: samples per evaluation batch.
         gradient_accumulation_steps: micro-batches per optimizer step.
@@ -93,6 +98,7 @@ class TrainingArguments:
     output_dir: str = "outputs/run"
     max_steps: int = -1
     num_train_epochs: float = 1.0
+    max_minutes: float = 0.0
     per_device_train_batch_size: int = 8
     per_device_eval_batch_size: int = 8
     gradient_accumulation_steps: int = 1
@@ -138,6 +144,9 @@ class TrainingArguments:
         need(bool(self.output_dir), "output_dir", "must be a non-empty path")
         need(self.max_steps == -1 or self.max_steps > 0, "max_steps", "must be > 0, or -1 to use num_train_epochs")
         need(self.num_train_epochs > 0, "num_train_epochs", "must be > 0")
+        need(self.max_minutes >= 0, "max_minutes", "must be >= 0 (0: no budget)")
+        need(not (self.max_minutes and self.strategy is not None), "max_minutes",
+             "is not supported with a strategy (each rank's clock would stop it at a different step); set it to 0")
         for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
                      "logging_steps", "max_nonfinite_steps"):
             need(isinstance(getattr(self, name), int) and getattr(self, name) > 0, name, "must be an integer > 0")

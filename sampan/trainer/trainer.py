@@ -264,7 +264,8 @@ class Trainer:
         torch.manual_seed(self.args.seed)
 
     def train(self) -> TrainerState:
-        """Run (or resume) training to ``max_steps``; returns the final state."""
+        """Run (or resume) training to ``max_steps``, or until ``max_minutes`` is spent (then
+        ``state.global_step < state.max_steps``); returns the final state."""
         args, model = self.args, self.model
         self.output_dir.mkdir(parents=True, exist_ok=True)
         if args.deterministic:
@@ -292,6 +293,7 @@ class Trainer:
         model.train()
         window = {"loss": [], "tokens": 0, "seconds": 0.0, "wait": 0.0, "flops": 0.0}
         last_saved = -1
+        sitting_start = time.perf_counter()
         while self.state.global_step < self.max_steps:
             start, wait_before = time.perf_counter(), self.train_loader.wait_seconds
             loss, tokens, flops, grad_norm = self._train_step(batches)
@@ -316,6 +318,11 @@ class Trainer:
             if args.save_steps and step % args.save_steps == 0:
                 self.save()
                 last_saved = step
+            if args.max_minutes and time.perf_counter() - sitting_start >= 60 * args.max_minutes:
+                if step < self.max_steps and self.is_main:
+                    print(f"stopping at step {step} of {self.max_steps}: this sitting's max_minutes "
+                          f"({args.max_minutes:g}) is spent; resume_from_checkpoint='auto' continues the run")
+                break  # the checkpoint below makes the stop resumable
         if self.eval_dataset is not None and not (args.eval_steps and self.state.global_step % args.eval_steps == 0):
             self.evaluate()
         if last_saved != self.state.global_step:

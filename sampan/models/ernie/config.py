@@ -147,6 +147,9 @@ class ErnieConfig(ModelConfig):
 # ERNIE shapes follow BERT-Chinese (vocab 21128); ernie-tiny is sized for CPU training.
 CONFIGS = {
     "ernie-tiny": ErnieConfig(hidden_size=256, num_layers=4, num_heads=4),
+    # ERNIE 3.0 Mini's shape (PaddleNLP ernie-3.0-mini-zh: 6 layers, 384 wide, 12 heads, FFN 1536);
+    # the store's ernie-mini-zh pretrains it on CPU with its own 6,000-token vocabulary.
+    "ernie-mini": ErnieConfig(hidden_size=384, num_layers=6, num_heads=12, intermediate_size=1536),
     "ernie-base": ErnieConfig(),
     "ernie-large": ErnieConfig(hidden_size=1024, num_layers=24, num_heads=16),
 }
