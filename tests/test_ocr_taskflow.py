@@ -237,3 +237,81 @@ def test_unbuilt_models_say_how_to_build_them(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="ocr does not take 'det_modle'; for 'det_modle', did you mean 'det_model'"):
         Taskflow("ocr", det_modle="x")
     assert Taskflow.tasks()["ocr"]["models"] == ["ocr-det-zh", "ocr-rec-zh"]
+
+
+# -- /v1/tasks/ocr in sampan serve (in process, on the module's Taskflow: no second export) ----------
+def _serve(ocr, requests: list[tuple[str, dict, bytes]], **limits) -> list:
+    """Each ``(path, headers, body)`` POSTed to an app serving ``ocr``; the responses."""
+    import asyncio
+
+    import httpx
+
+    from sampan.serving import create_app
+    from sampan.serving.config import ServingConfig
+
+    app = create_app(tasks={"ocr": ocr}, limits=ServingConfig(**limits))
+
+    async def go():
+        async with app.router.lifespan_context(app), httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+            return [await client.post(path, headers=headers, content=body) for path, headers, body in requests]
+
+    return asyncio.run(go())
+
+
+def _json(images: list[bytes | str]) -> tuple[str, dict, bytes]:
+    import base64
+
+    inputs = [i if isinstance(i, str) else base64.b64encode(i).decode() for i in images]
+    return "/v1/tasks/ocr", {"content-type": "application/json"}, json.dumps({"inputs": inputs}).encode()
+
+
+@pytest.mark.slow  # shares the module's export
+def test_served_ocr_reads_an_uploaded_page_as_json_or_raw(ocr, tiny):
+    import base64
+
+    png = _png(Image.fromarray(tiny.page))
+    want = ocr(tiny.page)
+    data_url = "data:image/png;base64," + base64.b64encode(png).decode()
+    raw = ("/v1/tasks/ocr", {"content-type": "image/png"}, png)
+    as_json, as_raw, both = _serve(ocr, [_json([png]), raw, _json([data_url, _png(Image.new("RGB", (40, 30), "white"))])])
+    assert as_json.status_code == 200, as_json.text
+    assert as_json.json() == {"task": "ocr", "outputs": [want]}
+    assert as_raw.json() == {"task": "ocr", "outputs": [want]}
+    assert both.json()["outputs"] == [want, []]
+
+
+@pytest.mark.slow  # shares the module's export
+def test_served_ocr_refuses_bad_uploads_with_clear_4xx(ocr, tiny):
+    small = _png(Image.fromarray(np.random.default_rng(2).integers(0, 256, (9, 9, 3), dtype=np.uint8)))
+    truncated = small[: len(small) // 2]  # within the pixel limit: refused for its missing data
+    cases = {  # name -> (request, status, code, words in the message)
+        "random bytes": (_json([b"\x00\x01garbage" * 10]), 422, "invalid_image", "not an image"),
+        "truncated": (_json([truncated]), 422, "invalid_image", "truncated"),
+        "not base64": (_json(["@@@ not base64 @@@"]), 422, "invalid_image", "not valid base64"),
+        "zero size": (_json([b""]), 422, "invalid_image", "0 bytes"),
+        "bomb": (_json([_png_header_only(60_000, 60_000)]), 413, "image_too_large", "max_image_pixels"),
+        "pixels one over": (_json([_png(Image.new("RGB", (11, 10)))]), 413, "image_too_large", "110"),
+        "too many": (_json([small] * 3), 413, "too_many_inputs", "max_images_per_request"),
+        "empty list": (_json([]), 422, "empty_input", "empty list"),
+        "number": (("/v1/tasks/ocr", {"content-type": "application/json"}, b'{"inputs": [3]}'), 422,
+                   "invalid_request", "not a base64"),
+        "bad json": (("/v1/tasks/ocr", {"content-type": "application/json"}, b'{"inputs": ['), 400, "invalid_json",
+                     "not valid JSON"),
+        "wrong type": (("/v1/tasks/ocr", {"content-type": "text/plain"}, small), 415, "unsupported_media_type",
+                       "image/png"),
+        "no type": (("/v1/tasks/ocr", {}, small), 415, "unsupported_media_type", "no Content-Type"),
+        "empty raw": (("/v1/tasks/ocr", {"content-type": "image/png"}, b""), 422, "empty_body", "empty"),
+        "body one over": (("/v1/tasks/ocr", {"content-type": "image/png"}, b"\0" * 4097), 413, "body_too_large",
+                          "max_image_bytes"),
+    }
+    at_limits = [("/v1/tasks/ocr", {"content-type": "image/png"}, _png(Image.new("RGB", (10, 10), "white"))),
+                 _json([_png(Image.new("RGB", (8, 8), "white"))] * 2)]
+    responses = _serve(ocr, [c[0] for c in cases.values()] + at_limits,
+                       max_image_pixels=100, max_images_per_request=2, max_image_bytes=4096)
+    for (name, (_, status, code, says)), response in zip(cases.items(), responses, strict=False):
+        assert response.status_code == status, (name, response.text)
+        error = response.json()["error"]
+        assert error["code"] == code and says in error["message"], (name, error)
+    assert [r.status_code for r in responses[-2:]] == [200, 200]  # exactly at the limits
+    assert responses[-1].json()["outputs"] == [[], []]

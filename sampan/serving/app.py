@@ -1,6 +1,6 @@
 """``create_app``: the FastAPI application serving tasks and exported models.
 
-Endpoints: ``POST /v1/tasks/{task}``, ``POST /v1/models/{name}/predict``, ``GET /v1/tasks``,
+Endpoints: ``POST /v1/tasks/{task}`` (``/v1/tasks/ocr`` takes images), ``POST /v1/models/{name}/predict``, ``GET /v1/tasks``,
 ``GET /healthz``, ``GET /metrics`` (Prometheus), ``GET /openapi.json`` and the demo page at ``/``;
 with a chat model also OpenAI's ``/v1/chat/completions``, ``/v1/completions`` and ``/v1/models``
 (``openai_api.py``, continuous batching in ``chat_engine.py``).
@@ -17,8 +17,9 @@ from collections.abc import Mapping, Sequence
 from importlib import resources
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, Response
+from starlette.concurrency import run_in_threadpool
 
 from sampan.serving.batcher import DynamicBatcher
 from sampan.serving.config import ServingConfig
@@ -26,8 +27,23 @@ from sampan.serving.errors import ServingError, install_error_handlers
 from sampan.serving.metrics import ServingMetrics
 from sampan.serving.middleware import LimitsAndMetricsMiddleware
 from sampan.serving.models import ServedModel
-from sampan.serving.schemas import ErrorResponse, ModelRequest, ModelResponse, TaskRequest, TaskResponse
-from sampan.serving.tasks import ServedTask, TaskCallable, load_task, validate_texts
+from sampan.serving.schemas import (
+    ErrorResponse,
+    ModelRequest,
+    ModelResponse,
+    OcrRequest,
+    OcrResponse,
+    TaskRequest,
+    TaskResponse,
+)
+from sampan.serving.tasks import (
+    OCR_TASK,
+    ServedTask,
+    TaskCallable,
+    load_task,
+    parse_image_request,
+    validate_texts,
+)
 
 log = logging.getLogger("sampan.serving")
 
@@ -153,6 +169,25 @@ def create_app(tasks: Sequence[str] | Mapping[str, TaskCallable] = (), model_dir
                 "chat_model": chat.info() if chat is not None else None,
                 "limits": limits.to_dict()}
 
+    if OCR_TASK in served_tasks:
+        # Before /v1/tasks/{task}, which it overrides: images come as base64 JSON (the shape every task
+        # endpoint and the demo page's fetch send) or as the raw file (curl --data-binary, no multipart
+        # parser needed); decoded on a worker thread, not the event loop.
+        @app.post(f"/v1/tasks/{OCR_TASK}", response_model=OcrResponse, responses=_ERRORS,
+                  summary="read the text lines of images (base64 JSON, or one image file as the body)",
+                  openapi_extra={"requestBody": {"required": True, "content": {
+                      "application/json": {"schema": OcrRequest.model_json_schema()},
+                      "image/*": {"schema": {"type": "string", "format": "binary"}}}}})
+        async def run_ocr(request: Request) -> dict:
+            body = await request.body()
+            images = await run_in_threadpool(parse_image_request, request.headers.get("content-type", ""), body,
+                                             limits)
+            try:
+                outputs = await task_batchers[OCR_TASK].submit(images, len(images), limits.request_timeout_s)
+            except Exception as error:  # noqa: BLE001 - mapped to a 4xx / 5xx JSON answer
+                raise to_serving_error(error, OCR_TASK) from None
+            return {"task": OCR_TASK, "outputs": outputs}
+
     @app.post("/v1/tasks/{task}", response_model=TaskResponse, responses=_ERRORS,
               summary="run a task on a list of texts (dynamically batched with concurrent requests)")
     async def run_task(task: str, body: TaskRequest) -> dict:
@@ -184,7 +219,8 @@ def create_app(tasks: Sequence[str] | Mapping[str, TaskCallable] = (), model_dir
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    app.add_middleware(LimitsAndMetricsMiddleware, max_body_bytes=limits.max_body_bytes, metrics=metrics)
+    app.add_middleware(LimitsAndMetricsMiddleware, max_body_bytes=limits.max_body_bytes, metrics=metrics,
+                       path_limits={f"/v1/tasks/{OCR_TASK}": (limits.max_image_bytes, "max_image_bytes")})
     return app
 
 

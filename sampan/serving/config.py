@@ -20,6 +20,14 @@ class ServingConfig:
     """Most entries in one request's ``inputs`` list (413 above it)."""
     max_text_chars: int = 2_000
     """Longest single text accepted (characters; 413 above it) - the models truncate long before this."""
+    max_image_bytes: int = 16_777_216
+    """Largest request body on ``/v1/tasks/ocr`` (bytes; 413 above it): the image file itself, or the
+    JSON holding base64 images (base64 is 4/3 of the file). Other endpoints keep ``max_body_bytes``."""
+    max_image_pixels: int = 25_000_000
+    """Most pixels (width x height) of one uploaded image, read from its header before it is decoded
+    (413 above it): a decompression bomb is refused without being decoded."""
+    max_images_per_request: int = 4
+    """Most images in one ``/v1/tasks/ocr`` request (413 above it)."""
     request_timeout_s: float = 30.0
     """A request still waiting for its result after this many seconds is answered 504."""
     max_queue_inputs: int = 4_096
@@ -37,7 +45,7 @@ class ServingConfig:
 
     def __post_init__(self) -> None:
         positive = ("max_batch_size", "max_body_bytes", "max_inputs_per_request", "max_text_chars",
-                    "max_queue_inputs", "chat_max_running", "chat_max_tokens")
+                    "max_image_bytes", "max_image_pixels", "max_images_per_request", "max_queue_inputs", "chat_max_running", "chat_max_tokens")
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

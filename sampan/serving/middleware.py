@@ -17,12 +17,18 @@ Scope = dict[str, Any]
 
 
 class LimitsAndMetricsMiddleware:
-    """Enforce ``max_body_bytes`` and record each request's endpoint, status and latency."""
+    """Enforce ``max_body_bytes`` and record each request's endpoint, status and latency.
 
-    def __init__(self, app: Any, *, max_body_bytes: int, metrics: ServingMetrics):
+    ``path_limits`` gives some paths a limit of their own, as ``{path: (bytes, setting name)}``
+    (``/v1/tasks/ocr`` takes images, far larger than texts).
+    """
+
+    def __init__(self, app: Any, *, max_body_bytes: int, metrics: ServingMetrics,
+                 path_limits: dict[str, tuple[int, str]] | None = None):
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.metrics = metrics
+        self.path_limits = dict(path_limits or {})
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -36,12 +42,13 @@ class LimitsAndMetricsMiddleware:
                 status["code"] = message["status"]
             await send(message)
 
+        limit, setting = self.path_limits.get(scope["path"], (self.max_body_bytes, "max_body_bytes"))
         try:
-            body = await self._read_body(scope, receive)
+            body = await self._read_body(scope, receive, limit)
             if body is None:
                 await _send_json(send_recording, 413, "body_too_large",
-                                 f"the request body is larger than {self.max_body_bytes} bytes (max_body_bytes); "
-                                 "send fewer or shorter inputs per request", is_openai_path(scope["path"]))
+                                 f"the request body is larger than {limit} bytes ({setting}); "
+                                 "send fewer or smaller inputs per request", is_openai_path(scope["path"]))
                 return
             await self.app(scope, _replay(body, receive), send_recording)
         finally:
@@ -49,12 +56,12 @@ class LimitsAndMetricsMiddleware:
             endpoint = getattr(route, "path", None) or "unmatched"
             self.metrics.observe_request(endpoint, scope["method"], status["code"], time.perf_counter() - start)
 
-    async def _read_body(self, scope: Scope, receive: Any) -> bytes | None:
-        """The whole body, or None once it is known to exceed the limit."""
+    async def _read_body(self, scope: Scope, receive: Any, limit: int) -> bytes | None:
+        """The whole body, or None once it is known to exceed ``limit``."""
         for key, value in scope.get("headers", ()):
             if key == b"content-length":
                 try:
-                    if int(value) > self.max_body_bytes:
+                    if int(value) > limit:
                         await _drain(receive)
                         return None
                 except ValueError:
@@ -66,7 +73,7 @@ class LimitsAndMetricsMiddleware:
                 break
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > self.max_body_bytes:
+            if size > limit:
                 if message.get("more_body", False):
                     await _drain(receive)
                 return None

@@ -23,6 +23,27 @@ class TaskResponse(BaseModel):
     outputs: list[dict[str, Any]] = Field(description="one dict per input text (shape depends on the task)")
 
 
+class OcrRequest(BaseModel):
+    """``POST /v1/tasks/ocr`` as JSON: base64 image files (or the file itself as the body, with
+    ``Content-Type: image/png``)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"inputs": ["iVBORw0KGgo..."]}]})
+    inputs: list[StrictStr] = Field(description="base64 image files (PNG, JPEG, BMP, GIF, TIFF, WebP, PPM) or "
+                                                "data:image/...;base64, URLs; one result per image, in order")
+
+
+class OcrLine(BaseModel):
+    text: str = Field(description="the line's text")
+    score: float = Field(description="recognition confidence, 0-1 (mean per-character probability)")
+    box: list[list[float]] = Field(description="the line's four corners [[x, y] x 4] in image pixels, "
+                                               "clockwise from the top left")
+
+
+class OcrResponse(BaseModel):
+    task: str
+    outputs: list[list[OcrLine]] = Field(description="per image, its lines in reading order ([] for no text)")
+
+
 class ModelRequest(BaseModel):
     """``POST /v1/models/{name}/predict``: one nested list per model input; dim 0 is the batch."""
 

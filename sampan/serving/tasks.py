@@ -94,3 +94,84 @@ def validate_texts(inputs: list[str], *, max_inputs: int, max_chars: int) -> Non
         if len(text) > max_chars:
             raise ServingError(413, "text_too_long", f"inputs[{i}] has {len(text)} characters, more than the "
                                                      f"limit of {max_chars} (max_text_chars); shorten it")
+
+
+# -- images (/v1/tasks/ocr) -------------------------------------------------------------------------
+OCR_TASK = "ocr"
+_OCR_EXAMPLE = ('send JSON {"inputs": ["<base64 of the image file>"]} with Content-Type: application/json, or the '
+                "image file itself with Content-Type: image/png (image/jpeg, ...)")
+
+
+def parse_image_request(content_type: str, body: bytes, limits: Any) -> list:
+    """The decoded RGB images of one ``/v1/tasks/ocr`` request, or a 4xx ``ServingError``.
+
+    Two forms: the JSON every task endpoint takes, ``{"inputs": [...]}``, each input a base64 image
+    file (a ``data:image/...;base64,`` URL too); or one image file as the raw body under an
+    ``image/*`` (or ``application/octet-stream``) Content-Type. ``limits`` is the running
+    ``ServingConfig``: ``max_images_per_request`` and ``max_image_pixels`` (from the header, before
+    decoding) are checked here; ``max_image_bytes`` already bounded the body.
+    """
+    import base64
+    import binascii
+    import json
+
+    from sampan.serving.errors import _is_json_media_type
+
+    media = content_type.split(";")[0].strip().lower()
+    if _is_json_media_type(content_type):
+        if not body:
+            raise ServingError(422, "empty_body", f"the request body is empty; {_OCR_EXAMPLE}")
+        try:
+            payload = json.loads(body)
+        except (ValueError, RecursionError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise ServingError(400, "invalid_json", f"the request body is not valid JSON ({str(err)[:160]}); "
+                                                    f"{_OCR_EXAMPLE}") from None
+        if not isinstance(payload, dict) or set(payload) != {"inputs"} or not isinstance(payload["inputs"], list):
+            keys = sorted(payload)[:5] if isinstance(payload, dict) else type(payload).__name__
+            raise ServingError(422, "invalid_request", f'the body must be {{"inputs": [base64 images]}}, got {keys}; '
+                                                       f"{_OCR_EXAMPLE}")
+        items = payload["inputs"]
+        _check_count(len(items), limits)
+        files = []
+        for i, item in enumerate(items):
+            if not isinstance(item, str):
+                raise ServingError(422, "invalid_request", f"inputs[{i}] is a {type(item).__name__}, not a base64 "
+                                                           "string of an image file")
+            text = item.strip()
+            if text.startswith("data:"):
+                head, _, text = text.partition(",")
+                if ";base64" not in head:
+                    raise ServingError(422, "invalid_image", f"inputs[{i}] is a data: URL without ;base64")
+            try:
+                files.append(base64.b64decode(text, validate=True))
+            except (binascii.Error, ValueError):
+                raise ServingError(422, "invalid_image", f"inputs[{i}] is not valid base64: encode the image "
+                                                         "file's bytes (e.g. `base64 -w0 page.png`)") from None
+    elif media.startswith("image/") or media == "application/octet-stream":
+        if not body:
+            raise ServingError(422, "empty_body", f"the request body is empty; {_OCR_EXAMPLE}")
+        files = [body]
+    else:
+        sent = f"Content-Type {content_type!r}" if content_type.strip() else "a request with no Content-Type"
+        raise ServingError(415, "unsupported_media_type", f"/v1/tasks/ocr does not take {sent}; {_OCR_EXAMPLE}")
+    return [_decode(data, i, limits) for i, data in enumerate(files)]
+
+
+def _check_count(count: int, limits: Any) -> None:
+    if count == 0:
+        raise ServingError(422, "empty_input", f'"inputs" is an empty list; {_OCR_EXAMPLE}')
+    if count > limits.max_images_per_request:
+        raise ServingError(413, "too_many_inputs", f'"inputs" has {count} images, more than the limit of '
+                                                   f"{limits.max_images_per_request} per request "
+                                                   "(max_images_per_request); send them in several requests")
+
+
+def _decode(data: bytes, index: int, limits: Any):
+    from sampan.vision.image_input import ImageInputError, ImageLimits, load_image
+
+    try:
+        return load_image(data, ImageLimits(max_pixels=limits.max_image_pixels), f"inputs[{index}]")
+    except ImageInputError as err:
+        if err.reason == "too_large":
+            raise ServingError(413, "image_too_large", str(err).replace("(max_pixels)", "(max_image_pixels)")) from None
+        raise ServingError(422, "invalid_image", str(err)) from None
