@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from sampan.hub import recipes
 from sampan.vision.det_db import DBDetector
-from sampan.vision.train_det import match_count, prf
+from sampan.vision.train_det import matches, prf
 
 TINY = ["data.train_pages=2", "data.test_pages=2", "data.page_size=320,320", "data.page_px=14,20", "dev_pages=1",
         "stem_channels=8", "stage_channels=16,24,32,48", "stage_blocks=1,1,1,1", "neck_channels=32",
@@ -38,8 +38,9 @@ def test_tiny_recipe_writes_a_detector_with_its_figures_and_resumes(home):
     assert card["task"] == "ocr_detection" and card["settings"]["training"]["max_steps"] == 6
     assert metrics["unclip"] in ("inverse", "1.5") and metrics["test_pages"] == 1 and metrics["test_lines"] > 0
     assert metrics["trained_steps"] in (3, 6) and metrics["parameters"] == 23938
-    for key in ("test_precision", "test_recall", "test_f1", "dev_f1", "test_f1_unclip_" + (
-            "1.5" if metrics["unclip"] == "inverse" else "inverse")):
+    other = "1.5" if metrics["unclip"] == "inverse" else "inverse"
+    for key in ("test_precision", "test_recall", "test_f1", "test_f1_iou70", "test_mean_iou", "dev_f1",
+                f"test_f1_unclip_{other}", f"test_f1_iou70_unclip_{other}", f"dev_mean_iou_unclip_{other}"):
         assert 0.0 <= metrics[key] <= 1.0, key
     weights = load_file(str(target / "model.safetensors"))
     assert all(v.dtype == torch.float16 for v in weights.values() if v.is_floating_point())
@@ -65,7 +66,7 @@ def test_tiny_recipe_writes_a_detector_with_its_figures_and_resumes(home):
 def test_matching_is_one_to_one_at_the_iou():
     box = [[0, 0], [100, 0], [100, 20], [0, 20]]
     shifted = [[30, 0], [130, 0], [130, 20], [30, 20]]  # IoU 70 / 130 = 0.54 with box
-    assert match_count([box, box], [box], 0.5) == 1  # a duplicate box does not match twice
-    assert match_count([shifted], [box], 0.5) == 1 and match_count([shifted], [box], 0.6) == 0
+    assert matches([box, box], [box], 0.5) == [1.0]  # a duplicate box does not match twice
+    assert matches([shifted], [box], 0.5) == [1400 / 2600] and matches([shifted], [box], 0.6) == []
     assert prf(1, 2, 1) == {"precision": 0.5, "recall": 1.0, "f1": 2 / 3}
     assert prf(0, 0, 3) == {"precision": 0.0, "recall": 0.0, "f1": 0.0}
