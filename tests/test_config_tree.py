@@ -39,6 +39,7 @@ HOMONYMS: dict[str, dict[str, str]] = {
         "RunConfig": "the [data] table: a corpus or a token file (a DataConfig)",
         "ErnieStageConfig": "the data build the stage makes (a DataBuildConfig)",
         "ErnieRecipe": "the shared data build the recipe makes (a DataBuildConfig)",
+        "ErnieMiniRecipe": "ernie-mini-zh's data build, ErnieRecipe's corpora plus debian-zh (a DataBuildConfig)",
         "GPTRecipe": "the shared data build the recipe makes (a DataBuildConfig)",
     },
     "seq_len": {
