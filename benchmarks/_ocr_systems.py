@@ -17,6 +17,7 @@ that instead of figures.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -74,7 +75,6 @@ def crop_quad(image: Image.Image, quad: np.ndarray) -> Image.Image:
 def find_model_dir(directory: Path, model_type: str) -> Path | None:
     """``directory`` if its ``config.json`` names ``model_type``, else the one child folder whose does
     (a recipe may write the model one level down); None when there is none."""
-    import json
 
     def holds(d: Path) -> bool:
         try:
@@ -159,7 +159,12 @@ class SampanSystem:
         params = {"rec": sum(p.numel() for p in self.rec.parameters())}
         if self.det is not None:
             params["det"] = sum(p.numel() for p in self.det.parameters())
-        return {"line_engine": self.line_engine, "page_engine": self.page_engine,
+        cards = {}  # which checkpoint was measured: the store card a recipe writes beside the model
+        for k, v in files.items():
+            card = Path(v) / "card.json"
+            if card.is_file():
+                cards[k] = json.loads(card.read_text(encoding="utf-8")).get("metrics", {})
+        return {"line_engine": self.line_engine, "page_engine": self.page_engine, "cards": cards,
                 "model_dirs": files, "model_bytes": sizes, "model_bytes_total": sum(sizes.values()),
                 "parameters": params}
 
