@@ -391,7 +391,7 @@ class BuildPaused(Exception):
     checkpointed in its work dir, nothing is stored, and the same command continues it."""
 
 
-def _run_dir(name: str, settings: Any) -> Path:
+def run_dir(name: str, settings: Any) -> Path:
     """The work dir of a resumable recipe: one per settings, so a rerun with the same settings finds
     its run and other settings never touch it. What changes no step is left out: the length of one
     sitting (``max_minutes``) and how progress is shown (``progress_bar``, ``logging_steps``)."""
@@ -420,16 +420,16 @@ def _build_ernie(name: str) -> Callable[[ErnieRecipe, Path, Callable[[str], None
 
         data = _data_build(settings.data, log)
         pre = settings.pretrain
-        run_dir = _run_dir(name, settings)
-        log(f"hub: {name} runs in {run_dir} (a rerun with the same settings continues it)")
+        work = run_dir(name, settings)
+        log(f"hub: {name} runs in {work} (a rerun with the same settings continues it)")
         cfg = dataclasses.replace(pre, data=str(data), training=dataclasses.replace(
-            pre.training, output_dir=str(run_dir), resume_from_checkpoint="auto"))
+            pre.training, output_dir=str(work), resume_from_checkpoint="auto"))
         last_eval = LastEval()
         trainer, summary = pretrain(cfg, callbacks=[last_eval])
         step = trainer.state.global_step
         if step < trainer.max_steps:
             raise BuildPaused(f"{name} stopped at step {step} of {trainer.max_steps} (max_minutes "
-                              f"{pre.training.max_minutes:g}); its checkpoint is in {run_dir}")
+                              f"{pre.training.max_minutes:g}); its checkpoint is in {work}")
         if last_eval.metrics.get("step") != step:  # resumed at the end: nothing evaluated in this process
             trainer.evaluate()
         held_out = SpanShardDataset(data, "test")
