@@ -2,7 +2,9 @@
 playwright package; no browser download): type Chinese text, see the sentiment and its score, the
 NER spans highlighted in the text, and a generated continuation - all from the real Taskflow tasks
 behind a real `sampan serve` process. With a chat model (`--model`), the chat box: type a message,
-see the reply stream in from /v1/chat/completions.
+see the reply stream in from /v1/chat/completions. With `--task ocr`, drop a rendered PNG on the page
+and see its lines and their boxes over the image (~5 s more when the session already exported the
+tiny OCR pair; the first export costs ~20-35 s).
 
 `.ci/run` installs chromium before `make test`; without it this file is skipped and says why.
 """
@@ -139,4 +141,53 @@ def test_chat_box_streams_the_reply(chat_server, browser):
                            "document.body.dataset.chat", timeout=60_000)
     assert page.get_attribute("body", "data-chat") == "done", page.text_content("#chat-error")
     assert requested and all(url.startswith(chat_server.url) for url in requested), requested
+    page.close()
+
+
+@pytest.fixture(scope="module")
+def ocr_server(tmp_path_factory):
+    """OCR alone, on the tiny memorised pair of tests/ocr_tiny.py (its export shared through that home:
+    a few seconds when the OCR tests ran first in the session, ~20-35 s of export otherwise)."""
+    from tests.ocr_tiny import build_tiny_ocr
+
+    ocr = build_tiny_ocr(tmp_path_factory.getbasetemp() / "ocr_tiny")
+    args = ["--task", "ocr", "--task-option", f"ocr.det_model={ocr.det}", "--task-option", f"ocr.rec_model={ocr.rec}",
+            "--device", "cpu", "--log-level", "warning"]
+    with ServerProcess(args, env={"SAMPAN_HOME": str(ocr.home)}) as proc:
+        yield proc, ocr
+
+
+def test_dropped_image_shows_its_lines_and_boxes(ocr_server, browser):
+    import base64
+    import io
+
+    from PIL import Image
+
+    from tests.ocr_tiny import READING_ORDER
+
+    server, ocr = ocr_server
+    buffer = io.BytesIO()
+    Image.fromarray(ocr.page).save(buffer, "PNG")
+    page = browser.new_page()
+    page.goto(f"{server.url}/")
+    page.wait_for_selector("body[data-ready='1']", timeout=30_000)
+    assert page.is_visible("#ocr-card")
+    # a real drop event carrying the PNG as a File, as the browser makes when a file is dragged in
+    transfer = page.evaluate_handle("""b64 => {
+        const bytes = Uint8Array.from(atob(b64), c => c.charCodeAt(0));
+        const dt = new DataTransfer();
+        dt.items.add(new File([bytes], "page.png", {type: "image/png"}));
+        return dt;
+    }""", base64.b64encode(buffer.getvalue()).decode())
+    page.dispatch_event("#ocr-drop", "drop", {"dataTransfer": transfer})
+    page.wait_for_selector("body[data-ocr]", timeout=60_000)
+    assert page.get_attribute("body", "data-ocr") == "done", page.text_content("#ocr-error")
+    assert page.eval_on_selector_all("#ocr-lines li .text", "ls => ls.map(l => l.textContent)") == READING_ORDER
+    # one box per line, drawn over the image in its pixel coordinates
+    api = httpx.post(f"{server.url}/v1/tasks/ocr", headers={"content-type": "image/png"}, content=buffer.getvalue(),
+                     timeout=60).json()["outputs"][0]
+    points = page.eval_on_selector_all("#ocr-view polygon", "ps => ps.map(p => p.getAttribute('points'))")
+    drawn = [[[float(v) for v in pair.split(",")] for pair in p.split()] for p in points]
+    assert drawn == [line["box"] for line in api] and len(drawn) == len(READING_ORDER)
+    assert page.get_attribute("#ocr-view svg", "viewBox") == f"0 0 {ocr.page.shape[1]} {ocr.page.shape[0]}"
     page.close()

@@ -36,6 +36,7 @@ import sampan
 from sampan.server_process import ServerProcess
 from sampan.serving.config import ServingConfig
 from sampan.static import InputSpec
+from tests.ocr_tiny import build_tiny_ocr
 from tests.tiny_chat_model import build_chat_model_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
@@ -43,12 +44,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 TASK = "sentiment_analysis"
 # The limits the server runs with: ServingConfig fields, each passed as its `sampan serve` flag. Small,
 # so that the fuzz reaches them cheaply; the boundary tests read them back from GET /v1/tasks.
-LIMITS = {"max_inputs_per_request": 8, "max_text_chars": 64, "max_body_bytes": 16_384}
+LIMITS = {"max_inputs_per_request": 8, "max_text_chars": 64, "max_body_bytes": 16_384, "max_image_bytes": 65_536,
+          "max_image_pixels": 100_000, "max_images_per_request": 2}
 MAX_INPUTS, MAX_CHARS, MAX_BODY = (LIMITS[k] for k in ("max_inputs_per_request", "max_text_chars",
                                                         "max_body_bytes"))
 EXAMPLES = 1_100  # >= 1,000 requests; about 15-30 s against the local server on 2 shared cores
 JSON_HEADERS = {"content-type": "application/json"}
-TASK_PATH, MODEL_PATH = f"/v1/tasks/{TASK}", "/v1/models/lin/predict"
+TASK_PATH, MODEL_PATH, OCR_PATH = f"/v1/tasks/{TASK}", "/v1/models/lin/predict", "/v1/tasks/ocr"
+MAX_IMAGE_BYTES, MAX_PIXELS, MAX_IMAGES = (LIMITS[k] for k in ("max_image_bytes", "max_image_pixels",
+                                                               "max_images_per_request"))
 CHAT_PATH, COMPLETION_PATH, CHAT_MODEL, CHAT_CONTEXT = "/v1/chat/completions", "/v1/completions", "tiny-chat", 64
 
 assert set(LIMITS) <= {f.name for f in dataclasses.fields(ServingConfig)}, "LIMITS names a non-existent setting"
@@ -63,11 +67,14 @@ def server(tmp_path_factory):
     if not (folder / "inference.json").is_file():
         sampan.jit.save(model, folder / "inference", input_spec=[InputSpec([None, 4], "float32", "x")])
     chat = build_chat_model_dir(tmp_path_factory.mktemp("fuzz_chat") / "tiny", context=CHAT_CONTEXT, train_steps=0)
+    # OCR on the tiny memorised pair (tests/ocr_tiny.py); its export is shared through that home
+    ocr = build_tiny_ocr(tmp_path_factory.getbasetemp() / "ocr_tiny")
     args = ["--task", TASK, "--model-dir", f"lin={folder}", "--model", str(chat), "--served-model-name", CHAT_MODEL,
+            "--task", "ocr", "--task-option", f"ocr.det_model={ocr.det}", "--task-option", f"ocr.rec_model={ocr.rec}",
             "--device", "cpu", "--log-level", "critical"]
     for name, value in LIMITS.items():
         args += [f"--{name.replace('_', '-')}", str(value)]
-    with ServerProcess(args) as proc:
+    with ServerProcess(args, env={"SAMPAN_HOME": str(ocr.home)}) as proc:
         yield proc
 
 
@@ -243,6 +250,14 @@ EXPECTED: dict[str, tuple[int, set[str]]] = {
     "chat_content_type": (415, {"unsupported_media_type"}),
     "chat_method": (405, {"method_not_allowed"}),
     "chat_too_big": (413, {"body_too_large"}),
+    # image uploads to /v1/tasks/ocr, raw or as base64 JSON
+    "ocr_bytes": (422, {"invalid_image"}),            # random bytes that are no image format
+    "ocr_truncated": (422, {"invalid_image"}),        # a real PNG cut short
+    "ocr_huge_header": (413, {"image_too_large"}),    # a header claiming more than max_image_pixels
+    "ocr_zero_size": (422, {"invalid_image", "empty_body"}),  # 0 x N header, or no bytes at all
+    "ocr_content_type": (415, {"unsupported_media_type"}),    # a good PNG under a type that is no image
+    "ocr_too_many": (413, {"too_many_inputs"}),       # over max_images_per_request
+    "ocr_too_big": (413, {"body_too_large"}),         # over max_image_bytes
 }
 
 
@@ -289,7 +304,7 @@ def requests(draw) -> tuple[str, tuple[str, str, dict, bytes, bool]]:
         return kind, _task(f'{{"inputs": ["好\\u{draw(st.integers(0xD800, 0xDFFF)):04x}"]}}'.encode())
     if kind == "unknown_task":
         name = draw(st.text(alphabet=string.ascii_letters + string.digits + "_-.~中文", min_size=1, max_size=20))
-        assume(name != TASK and name not in (".", ".."))
+        assume(name not in (TASK, "ocr", ".", ".."))
         return kind, ("POST", f"/v1/tasks/{quote(name, safe='')}", JSON_HEADERS, '{"inputs": ["好"]}'.encode(), False)
     if kind == "unknown_model":
         name = draw(st.text(alphabet=string.ascii_letters + string.digits + "_-", min_size=1, max_size=12))
@@ -318,6 +333,8 @@ def requests(draw) -> tuple[str, tuple[str, str, dict, bytes, bool]]:
         return kind, ("POST", MODEL_PATH, JSON_HEADERS, _model_body(rows), False)
     if kind.startswith("chat_"):
         return kind, _chat_request(draw, kind, ascii_json)
+    if kind.startswith("ocr_"):
+        return kind, _ocr_request(draw, kind)
     if kind == "method":
         method = draw(st.sampled_from(["GET", "PUT", "DELETE", "PATCH"]))
         return kind, (method, draw(st.sampled_from([TASK_PATH, MODEL_PATH])), JSON_HEADERS,
@@ -378,6 +395,71 @@ def _chat_request(draw, kind: str, ascii_json: bool) -> tuple[str, str, dict, by
     return "POST", path, JSON_HEADERS, _padded(good, draw(st.integers(MAX_BODY + 1, MAX_BODY * 4))), draw(st.booleans())
 
 
+# Signatures of the formats the server opens (sampan.vision.image_input.FORMATS): random bytes that
+# start with one might be a valid (if odd) image, so the fuzz leaves them out.
+_SIGNATURES = (b"\x89PNG", b"\xff\xd8", b"BM", b"GIF8", b"II*", b"MM\x00*", b"RIFF", b"P")
+
+
+def _noise_png(side: int, seed: int) -> bytes:
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.random.default_rng(seed).integers(0, 256, (side, side, 3), dtype=np.uint8)).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def _png_header(width: int, height: int) -> bytes:
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\0" * 16)) + chunk(b"IEND", b""))
+
+
+def _upload(draw, files: list[bytes]) -> tuple[str, str, dict, bytes, bool]:
+    """The files as base64 JSON, or (one file) as the raw body under an image type."""
+    import base64
+
+    if len(files) == 1 and draw(st.booleans()):
+        return "POST", OCR_PATH, {"content-type": draw(st.sampled_from(["image/png", "image/jpeg",
+                                                                         "application/octet-stream"]))}, files[0], False
+    body = json.dumps({"inputs": [base64.b64encode(f).decode() for f in files]}).encode()
+    return "POST", OCR_PATH, JSON_HEADERS, body, False
+
+
+def _ocr_request(draw, kind: str) -> tuple[str, str, dict, bytes, bool]:
+    if kind == "ocr_bytes":
+        raw = draw(st.binary(min_size=1, max_size=300))
+        assume(not raw.startswith(_SIGNATURES))
+        return _upload(draw, [raw])
+    if kind == "ocr_truncated":
+        png = _noise_png(16, draw(st.integers(0, 3)))
+        return _upload(draw, [png[: draw(st.integers(1, len(png) - 40))]])  # the pixel data is cut
+    if kind == "ocr_huge_header":
+        width = draw(st.integers(1, 200_000))
+        height = draw(st.integers(MAX_PIXELS // width + 1, 200_000))
+        return _upload(draw, [_png_header(width, height)])
+    if kind == "ocr_zero_size":
+        if draw(st.booleans()):
+            return _upload(draw, [b""])
+        return _upload(draw, [_png_header(*draw(st.sampled_from([(0, 5), (7, 0), (0, 0)])))])
+    if kind == "ocr_content_type":
+        ctype = draw(st.sampled_from(["text/plain", "multipart/form-data", "application/xml", "text/json", ""]))
+        return "POST", OCR_PATH, {"content-type": ctype} if ctype else {}, _noise_png(8, 0), False
+    if kind == "ocr_too_many":
+        return _upload(draw, [_noise_png(4, 0)] * draw(st.integers(MAX_IMAGES + 1, MAX_IMAGES + 4)))
+    # ocr_too_big: a good image padded past max_image_bytes (a PNG ignores what follows IEND)
+    png = _noise_png(8, 0)
+    return "POST", OCR_PATH, {"content-type": "image/png"}, png + b"\0" * (MAX_IMAGE_BYTES + 1 - len(png)
+                                                                            + draw(st.integers(0, 4096))), False
+
+
 def type_fields(path: str) -> set[str]:
     """The fields the endpoint's schema takes (an extra key must be none of them)."""
     from sampan.serving.openai_schemas import ChatCompletionRequest, CompletionRequest
@@ -409,6 +491,8 @@ def test_malformed_requests_each_get_their_one_status_and_the_server_survives(se
     assert client.get("/healthz").json()["status"] == "ok"
     good = client.post(TASK_PATH, json={"inputs": ["今天天气真好"]})
     assert good.status_code == 200 and good.json()["outputs"][0]["label"] in ("positive", "negative")
+    image = client.post(OCR_PATH, headers={"content-type": "image/png"}, content=_noise_png(8, 0))
+    assert image.status_code == 200 and isinstance(image.json()["outputs"][0], list)
     reply = client.post(CHAT_PATH, json={**_GOOD_CHAT, "ignore_eos": True})  # exactly 2 tokens: 1 decode step
     assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] >= 1
     # None of the refused requests reached the model: the one decode step is the good request's second token.
