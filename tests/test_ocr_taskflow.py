@@ -131,6 +131,9 @@ def test_truncated_files_bombs_and_huge_sides_are_refused_before_decoding(page, 
         load_image(np.zeros((1, 12), np.uint8), ImageLimits(max_pixels=10))
     with pytest.raises(ImageInputError, match=r"a side longer than the limit of 16 \(max_side\)"):
         load_image(_png(page), ImageLimits(max_side=16))
+    with pytest.raises(ImageInputError, match="a PNG of 0 x 7 pixels") as err:
+        load_image(_png_header_only(0, 7))
+    assert err.value.reason == "empty"
     empty = tmp_path / "empty.png"
     empty.write_bytes(b"")
     with pytest.raises(ImageInputError, match="empty file"):

@@ -5,8 +5,9 @@ what was wrong and what to do.
 ``H x W x 1/3/4``; ``uint8``, ``uint16``, ``bool``, other integers within 0..255, floats in 0..1 or
 0..255). It
 
-- opens only raster formats Pillow decodes itself (PNG, JPEG, BMP, GIF, TIFF, WebP, PPM / PGM,
-  ICO, TGA; multi-picture JPEGs): never EPS / PDF-like formats that Pillow would hand to Ghostscript;
+- opens only raster formats Pillow decodes itself and knows by a signature (PNG, JPEG, BMP, GIF,
+  TIFF, WebP, PPM / PGM; multi-picture JPEGs): never TGA or ICO (weak signatures: random bytes
+  can pass for them), never EPS / PDF-like formats that Pillow would hand to Ghostscript;
 - checks the pixel count and each side from the file's header, *before* decoding, against
   :class:`ImageLimits` (sampan's own limit, 50 MP by default, not Pillow's process-wide
   ``MAX_IMAGE_PIXELS``, which other code may change): a decompression bomb is refused without
@@ -32,9 +33,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-# Raster formats Pillow decodes in-process. EPS (Ghostscript), PDF-like and plugin formats are left
-# out on purpose: an upload must never start another program.
-FORMATS = ("PNG", "JPEG", "BMP", "GIF", "TIFF", "WEBP", "PPM", "ICO", "TGA")  # JPEG opens MPO too
+# Raster formats Pillow decodes in-process and recognises by a signature. EPS (Ghostscript), PDF-like
+# and plugin formats are left out on purpose (an upload must never start another program), and so
+# are TGA / ICO, whose loose headers let random bytes open as an image of any size.
+FORMATS = ("PNG", "JPEG", "BMP", "GIF", "TIFF", "WEBP", "PPM")  # JPEG opens MPO too
 REASONS = ("not_image", "truncated", "empty", "too_large", "unsupported", "not_found")
 
 
@@ -127,6 +129,7 @@ def _decode(stream, limits: ImageLimits, who: str) -> np.ndarray:
         raise ImageInputError("too_large", f"{who} is a decompression bomb or far too large ({err}); "
                                            f"sampan's limit is {limits.max_pixels:,} pixels (max_pixels)") from None
     except UnidentifiedImageError:
+        _refuse_empty_png(stream, who)
         raise ImageInputError("not_image", f"{who} is not an image sampan can read: send a PNG, JPEG, BMP, GIF, "
                                            "TIFF, WebP or PPM file") from None
     except (OSError, SyntaxError, ValueError) as err:  # a header Pillow recognised but cannot parse
@@ -142,6 +145,17 @@ def _decode(stream, limits: ImageLimits, who: str) -> np.ndarray:
         except Image.DecompressionBombError as err:
             raise ImageInputError("too_large", f"{who} decompresses to too much data ({err})") from None
         return _to_rgb_array(_upright(opened), who)
+
+
+def _refuse_empty_png(stream, who: str) -> None:
+    """Pillow cannot tell a PNG whose header says 0 pixels from garbage; say which it is."""
+    stream.seek(0)
+    head = stream.read(24)
+    if head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR":
+        width, height = int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+        if width == 0 or height == 0:
+            raise ImageInputError("empty", f"{who} is a PNG of {width} x {height} pixels: an empty image "
+                                           "has nothing to read; send one with at least one pixel") from None
 
 
 def _upright(image: Image.Image) -> Image.Image:
