@@ -32,6 +32,7 @@ HOMONYMS: dict[str, dict[str, str]] = {
         "PretrainConfig": "the registered ERNIE config built and pretrained, with its overrides (a ModelChoice)",
         "RunConfig": "the registered model a run file builds, with its overrides (a ModelChoice)",
         "GPTRecipe": "the registered GPT the recipe builds, with its overrides (a ModelChoice)",
+        "OcrRecRecipe": "RecognizerConfig fields the recipe changes from their defaults (a mapping)",
     },
     "data": {
         "PretrainConfig": "a data build's directory",
@@ -41,6 +42,8 @@ HOMONYMS: dict[str, dict[str, str]] = {
         "ErnieRecipe": "the shared data build the recipe makes (a DataBuildConfig)",
         "ErnieMiniRecipe": "ernie-mini-zh's data build, ErnieRecipe's corpora plus debian-zh (a DataBuildConfig)",
         "GPTRecipe": "the shared data build the recipe makes (a DataBuildConfig)",
+        "OcrDetRecipe": "the page pool ocr-det-zh renders once and reuses (an OcrDataConfig)",
+        "OcrRecRecipe": "the line pool ocr-rec-zh renders once and reuses (an OcrDataConfig)",
     },
     "seq_len": {
         "DataBuildConfig": "tokens per row of a data build ([CLS] and [SEP] included)",
@@ -82,6 +85,18 @@ HOMONYMS: dict[str, dict[str, str]] = {
     "seed": {
         "TrainingArguments": "the run's seed (initialisation, data order, dropout)",
         "OcrDataConfig": "the seed every rendered OCR image's generator derives from",
+    },
+    "beta": {
+        "DBLossConfig": "the weight of the DB threshold map's L1 loss",
+        "DPOConfig": "DPO's temperature on the policy / reference log-ratio",
+    },
+    "shrink_ratio": {
+        "DBTargetConfig": "the Vatti ratio DB's probability targets are shrunk by",
+        "DBPostProcessConfig": "the ratio the inverse unclip undoes (the detector's config checks it equals the targets')",
+    },
+    "export_only": {
+        "OcrDetRecipe": "score and store the detector run's best model so far, training nothing",
+        "OcrRecRecipe": "score and store the recogniser run's best model so far, training nothing",
     },
     "strategy": {
         "TrainingArguments": "the run's hybrid-parallel layout, validated into DistributedStrategy's dict",

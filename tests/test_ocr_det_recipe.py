@@ -21,7 +21,7 @@ from sampan.vision.train_det import matches, prf
 TINY = ["data.train_pages=2", "data.test_pages=2", "data.page_size=320,320", "data.page_px=14,20", "dev_pages=1",
         "stem_channels=8", "stage_channels=16,24,32,48", "stage_blocks=1,1,1,1", "neck_channels=32",
         "crop.size=128", "crop.crops_per_page=4", "training.max_steps=6", "training.per_device_train_batch_size=2",
-        "training.warmup_steps=2", "training.save_steps=3", "training.logging_steps=3", "eval_steps=3"]
+        "training.warmup_steps=2", "training.save_steps=3", "training.logging_steps=3", "training.eval_steps=3"]
 
 
 @pytest.fixture

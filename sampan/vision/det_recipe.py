@@ -67,8 +67,8 @@ class OcrDetRecipe:
             by the rule that scored best on the dev pages.
         loss: the DB loss's weights.
         crop: how training samples are cut from pages.
-        training: the Trainer's arguments (a rerun of the same build resumes from the newest checkpoint).
-        eval_steps: score the dev pages every this many steps (0: only at the end).
+        training: the Trainer's arguments (a rerun of the same build resumes from the newest checkpoint);
+            its ``eval_steps`` is how often the dev pages are scored (0: only at the end).
         dev_pages: the first this many test pages pick the best checkpoint and the unclip rule; the
             other test pages give the reported figures.
         iou: the IoU at which a detected box matches a labelled line.
@@ -95,9 +95,8 @@ class OcrDetRecipe:
     training: TrainingArguments = nested(
         TrainingArguments, max_steps=5000, per_device_train_batch_size=8, learning_rate=2e-3, lr_scheduler="cosine",
         warmup_steps=200, min_lr_ratio=0.05, weight_decay=1e-4, max_grad_norm=5.0, seed=0, logging_steps=20,
-        save_steps=300, save_total_limit=2, resume_from_checkpoint="auto", overwrite_output_dir=True,
+        save_steps=300, eval_steps=600, save_total_limit=2, resume_from_checkpoint="auto", overwrite_output_dir=True,
         tensorboard=False, progress_bar=False)
-    eval_steps: int = 600
     dev_pages: int = 30
     iou: float = 0.5
     export_only: bool = False
@@ -105,9 +104,8 @@ class OcrDetRecipe:
     def __post_init__(self) -> None:
         resolve_nested(self)
         refuse_changes(self)
-        if self.eval_steps < 0 or self.neck_channels < 1:
-            raise ValueError(f"eval_steps must be >= 0 and neck_channels >= 1, got {self.eval_steps}, "
-                             f"{self.neck_channels}")
+        if self.neck_channels < 1:
+            raise ValueError(f"neck_channels must be >= 1, got {self.neck_channels}")
         if not 0 < self.dev_pages < self.data.test_pages:
             raise ValueError(f"dev_pages must be in [1, data.test_pages - 1] ({self.data.test_pages - 1}): the rest "
                              f"of the test pages give the reported figures, got {self.dev_pages}")

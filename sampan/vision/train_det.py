@@ -12,7 +12,7 @@
   so what is reported was not selected on.
 - **Loop.** sampan's :class:`~sampan.trainer.trainer.Trainer` (AdamW, warmup + cosine, clipping,
   resumable checkpoints with optimizer / RNG / data position, progress with ETA); a callback adds
-  the loss parts to the log and scores the dev pages every ``eval_steps`` steps, keeping the best
+  the loss parts to the log and scores the dev pages every ``training.eval_steps`` steps, keeping the best
   model in ``<run>/best``.
 - **Metric.** Line detection precision / recall / F1 at quad IoU >= 0.5 (``polygon.convex_iou``),
   one-to-one greedy matching by IoU, through ``DBDetector.detect`` at inference resolution.
@@ -216,7 +216,7 @@ def pick_unclip(scores: dict[str, dict[str, float]]) -> str:
 
 
 class DetCallback(TrainerCallback):
-    """Adds the loss parts to each log record, and every ``eval_steps`` steps scores the dev pages,
+    """Adds the loss parts to each log record, and every ``training.eval_steps`` steps scores the dev pages,
     keeping the best model (by F1 under its better unclip rule) in ``<run>/best``."""
 
     def __init__(self, model: DBTrainingModel, recipe: OcrDetRecipe, pages: Path, run_dir: Path,
@@ -233,7 +233,7 @@ class DetCallback(TrainerCallback):
             values.clear()
 
     def on_step_end(self, args, state):
-        if self.recipe.eval_steps and state.global_step % self.recipe.eval_steps == 0:
+        if args.eval_steps and state.global_step % args.eval_steps == 0:  # no eval_dataset: the Trainer's own eval is off
             self.evaluate(state.global_step)
 
     def evaluate(self, step: int) -> dict[str, Any]:
