@@ -39,6 +39,19 @@ class TinyOCR:
         return {"det_model": str(self.det), "rec_model": str(self.rec)}
 
 
+def png_header(width: int, height: int) -> bytes:
+    """A PNG whose header claims ``width x height`` and whose data is a few bytes: a bomb's shape (or,
+    with a 0, an empty image's)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 16)) + chunk(b"IEND", b"")
+
+
 def _font():
     from sampan.vision import fonts
 

@@ -6,38 +6,30 @@ with the tiny memorised models of ``tests/ocr_tiny.py``: the lines come back rea
 (heading, left column, right column), with boxes on the ink and inside the image; a blank image
 gives []; a list gives one list per image; `sampan task ocr` prints the same as JSON lines.
 
-Cost on this machine (2 cores shared with three training runs): the image-input tests ~1 s; the
-pipeline tests (marked slow) build the tiny pair once per session (~8 s unloaded, 17 s loaded)
-and export both to ONNX once (~20 s unloaded, 36 s loaded), then take ~1 s.
+Cost on this machine (2 cores shared with three training runs): the 18 tests not marked slow ~3 s
+wall; the 5 slow ones (the pipeline, the CLI and the served endpoint, in process) ~52 s wall when
+they run alone, nearly all of it the module's setup: building the tiny pair (~17 s under load) and
+exporting both models to ONNX (~33 s under load); the calls themselves take ~3 s. Another test file
+in the same session (fuzz, browser) reuses the pair and its export.
 """
 
 from __future__ import annotations
 
 import io
 import json
-import struct
-import zlib
 
 import numpy as np
 import pytest
 from PIL import Image
 
 from sampan.vision.image_input import ImageInputError, ImageLimits, load_image
+from tests.ocr_tiny import png_header
 
 
 def _png(image: Image.Image, **params) -> bytes:
     buffer = io.BytesIO()
     image.save(buffer, "PNG", **params)
     return buffer.getvalue()
-
-
-def _png_header_only(width: int, height: int) -> bytes:
-    """A PNG whose header claims ``width x height`` and whose data is a few bytes: a bomb's shape."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 16)) + chunk(b"IEND", b"")
 
 
 @pytest.fixture
@@ -125,14 +117,14 @@ def test_truncated_files_bombs_and_huge_sides_are_refused_before_decoding(page, 
     assert err.value.reason == "truncated"
     # 100,000 x 100,000 = 10 gigapixels claimed by a 60-byte file: refused from its header
     with pytest.raises(ImageInputError, match="limit|bomb") as err:
-        load_image(_png_header_only(100_000, 100_000))
+        load_image(png_header(100_000, 100_000))
     assert err.value.reason == "too_large"
     with pytest.raises(ImageInputError, match=r"12 x 1 = 12 pixels, more than the limit of 10 \(max_pixels\)"):
         load_image(np.zeros((1, 12), np.uint8), ImageLimits(max_pixels=10))
     with pytest.raises(ImageInputError, match=r"a side longer than the limit of 16 \(max_side\)"):
         load_image(_png(page), ImageLimits(max_side=16))
     with pytest.raises(ImageInputError, match="a PNG of 0 x 7 pixels") as err:
-        load_image(_png_header_only(0, 7))
+        load_image(png_header(0, 7))
     assert err.value.reason == "empty"
     empty = tmp_path / "empty.png"
     empty.write_bytes(b"")
@@ -293,7 +285,7 @@ def test_served_ocr_refuses_bad_uploads_with_clear_4xx(ocr, tiny):
         "truncated": (_json([truncated]), 422, "invalid_image", "truncated"),
         "not base64": (_json(["@@@ not base64 @@@"]), 422, "invalid_image", "not valid base64"),
         "zero size": (_json([b""]), 422, "invalid_image", "0 bytes"),
-        "bomb": (_json([_png_header_only(60_000, 60_000)]), 413, "image_too_large", "max_image_pixels"),
+        "bomb": (_json([png_header(60_000, 60_000)]), 413, "image_too_large", "max_image_pixels"),
         "pixels one over": (_json([_png(Image.new("RGB", (11, 10)))]), 413, "image_too_large", "110"),
         "too many": (_json([small] * 3), 413, "too_many_inputs", "max_images_per_request"),
         "empty list": (_json([]), 422, "empty_input", "empty list"),

@@ -12,6 +12,10 @@ The OpenAI-compatible endpoints of a chat model (``--model``) are fuzzed the sam
 chat / completion requests must each get their one status in OpenAI's error shape
 (``{"error": {"message", "type", "param", "code"}}``) and never reach the model.
 
+Image uploads to ``/v1/tasks/ocr`` (the tiny OCR pair of ``tests/ocr_tiny.py``, whose build and export
+the session shares) are fuzzed too: random bytes, truncated PNGs, headers claiming more pixels than
+``max_image_pixels``, zero-size images, wrong content types, too many and too large uploads.
+
 The limits themselves are checked at the boundary: a request exactly at ``max_inputs_per_request``,
 ``max_text_chars`` or ``max_body_bytes`` (by Content-Length and chunked) is answered 200, and one
 unit past it 413 - so an off-by-one (``>=`` for ``>``) in a limit check fails here
@@ -36,7 +40,7 @@ import sampan
 from sampan.server_process import ServerProcess
 from sampan.serving.config import ServingConfig
 from sampan.static import InputSpec
-from tests.ocr_tiny import build_tiny_ocr
+from tests.ocr_tiny import build_tiny_ocr, png_header
 from tests.tiny_chat_model import build_chat_model_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
@@ -411,17 +415,6 @@ def _noise_png(side: int, seed: int) -> bytes:
     return buffer.getvalue()
 
 
-def _png_header(width: int, height: int) -> bytes:
-    import struct
-    import zlib
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(b"\0" * 16)) + chunk(b"IEND", b""))
-
-
 def _upload(draw, files: list[bytes]) -> tuple[str, str, dict, bytes, bool]:
     """The files as base64 JSON, or (one file) as the raw body under an image type."""
     import base64
@@ -444,11 +437,11 @@ def _ocr_request(draw, kind: str) -> tuple[str, str, dict, bytes, bool]:
     if kind == "ocr_huge_header":
         width = draw(st.integers(1, 200_000))
         height = draw(st.integers(MAX_PIXELS // width + 1, 200_000))
-        return _upload(draw, [_png_header(width, height)])
+        return _upload(draw, [png_header(width, height)])
     if kind == "ocr_zero_size":
         if draw(st.booleans()):
             return _upload(draw, [b""])
-        return _upload(draw, [_png_header(*draw(st.sampled_from([(0, 5), (7, 0), (0, 0)])))])
+        return _upload(draw, [png_header(*draw(st.sampled_from([(0, 5), (7, 0), (0, 0)])))])
     if kind == "ocr_content_type":
         ctype = draw(st.sampled_from(["text/plain", "multipart/form-data", "application/xml", "text/json", ""]))
         return "POST", OCR_PATH, {"content-type": ctype} if ctype else {}, _noise_png(8, 0), False
