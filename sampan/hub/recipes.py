@@ -110,11 +110,11 @@ class ErnieMiniRecipe(ErnieRecipe):
     # 7,000 steps of batch 32 x 128, cosine from 5e-4 (post-norm BERT-small practice, half
     # ernie-tiny-zh's 1e-3 for a wider, deeper post-norm stack) to 10% after 350 warmup steps (5%).
     # Why 7,000: one step took 3.4 s of CPU time at 1 thread (OMP_NUM_THREADS=1, measured on this
-    # 2-core machine under load: 3.38-3.51 s over 5 steps), so 7,000 x 3.4 s = 23,800 s = 6.6 hours
-    # of one core, the 6-8 hours of several sittings. It is about 6 passes over the ~36K packed rows
-    # of the 64K build rows (5.3M characters). Saved every 50 steps and evaluated every 150: on a
-    # shared machine a step took 8-26 s of wall time, so that is a checkpoint at least every ~15
-    # minutes and a held-out MLM loss about every half hour.
+    # 2-core machine under load: 3.38-3.51 s over 5 steps; the real run's first steps, ~3.1 s), so
+    # 7,000 x 3.4 s = 23,800 s = 6.6 hours of one core, the 6-8 hours of several sittings. That is
+    # about 5.5 passes over the 40,972 packed rows (64,262 build rows, 5.3M characters). Saved every
+    # 50 steps and evaluated every 150: on the shared machine a step took 6.5-16.5 s of wall time, so
+    # a checkpoint at least every ~15 minutes and a held-out MLM loss about every half hour.
     pretrain: PretrainConfig = nested(
         PretrainConfig, model={"name": "ernie-mini", "overrides": {"dropout": 0.0, "attention_dropout": 0.0,
                                                                    "pre_norm": False}},
