@@ -7,7 +7,7 @@ with the tiny memorised models of ``tests/ocr_tiny.py``: the lines come back rea
 gives []; a list gives one list per image; `sampan task ocr` prints the same as JSON lines.
 
 Cost on this machine (2 cores shared with three training runs): the 18 tests not marked slow ~3 s
-wall; the 5 slow ones (the pipeline, the CLI and the served endpoint, in process) ~52 s wall when
+wall; the 6 slow ones (the pipeline, the CLI, the hub module, the served endpoint in process) ~52 s wall when
 they run alone, nearly all of it the module's setup: building the tiny pair (~17 s under load) and
 exporting both models to ONNX (~33 s under load); the calls themselves take ~3 s. Another test file
 in the same session (fuzz, browser) reuses the pair and its export.
@@ -221,6 +221,15 @@ def test_sampan_task_ocr_prints_json_lines(ocr, tiny, tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli_main(["task", "--help"])
     assert "sampan task ocr page.png" in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.slow  # shares the module's export
+def test_hub_module_recognize_text(ocr, tiny):
+    from sampan import hub
+
+    module = hub.Module(name="chinese_ocr_db_crnn", batch_size=2, **tiny.options())
+    assert module.recognize_text(images=[tiny.page, np.full((32, 32, 3), 255, np.uint8)]) == [ocr(tiny.page), []]
+    assert module.recognize_text(tiny.page) == [ocr(tiny.page)]
 
 
 def test_unbuilt_models_say_how_to_build_them(tmp_path, monkeypatch):

@@ -32,6 +32,8 @@ MODULES: dict[str, ModuleSpec] = {spec.name: spec for spec in (
                "PER / LOC / ORG entities with offsets; .ner(texts=[...])"),
     ModuleSpec("jieba", "word_segmentation", "jieba", "word segmentation; .cut(text=...)"),
     ModuleSpec("poetry_gen", "poetry_generation", "gpt-zh", "regulated verse in 5 or 7 characters; .generate(text=...)"),
+    ModuleSpec("chinese_ocr_db_crnn", "ocr", None,
+               "Chinese OCR: DB text detection + CTC recognition (ocr-det-zh + ocr-rec-zh); .recognize_text(images=[...])"),
     ModuleSpec("chat-zh-tiny", "chat", "chat-zh-tiny",
                "a small Chinese chat model (poems, entities, sentiment, segmentation, 三国演义); .chat(messages)"),
 )}
@@ -79,6 +81,12 @@ class Module:
 
     def fill_mask(self, text: str | list[str]) -> list[dict[str, Any]]:
         return self._require("fill_mask").predict(text)
+
+    def recognize_text(self, images: Any) -> list[list[dict[str, Any]]]:
+        """PaddleHub's OCR method: per image (a path, bytes, PIL image or numpy array), its lines
+        ``[{"text", "score", "box"}]`` in reading order."""
+        module = self._require("ocr")
+        return module._flow(list(images) if isinstance(images, (list, tuple)) else [images])
 
     def cut(self, text: str | list[str]) -> list[str] | list[list[str]]:
         return self._require("word_segmentation")._one_or_many(text, "words")
