@@ -247,7 +247,7 @@ class DetCallback(TrainerCallback):
         _log_scores(self.log, f"dev step {step}", scores)
         with (self.run_dir / "dev_eval.jsonl").open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
-        if self.best is None or record["f1"] > self.best["f1"]:
+        if self.best is None or _rank(record) > _rank(self.best):
             self.best = record
             self.model.detector.save_pretrained(self.run_dir / BEST_DIR)
             atomic_write(self.run_dir / BEST_FILE, json.dumps(record, indent=2) + "\n")
@@ -309,6 +309,13 @@ def train_detector(recipe: OcrDetRecipe, out: Path, log: Callable[[str], None] =
             f"dev_f1_unclip_{other}": dev[other]["f1"], f"dev_f1_{strict}_unclip_{other}": dev[other]["f1_strict"],
             f"dev_mean_iou_unclip_{other}": dev[other]["mean_iou"],
             "seconds_per_page": scores["_seconds_per_page"]["value"]}
+
+
+def _rank(record: dict[str, Any]) -> tuple[float, float, float]:
+    """How dev evaluations compare: F1, then F1 at :data:`STRICT_IOU`, then mean IoU, under each one's
+    unclip rule. F1 at 0.5 alone tied at 0.999 at steps 1,200 and 1,800 and kept the older model."""
+    scores = record["dev"][record["unclip"]]
+    return tuple(round(scores.get(key, 0.0), 6) for key in ("f1", "f1_strict", "mean_iou"))
 
 
 def _log_scores(log: Callable[[str], None], what: str, scores: dict[str, dict[str, float]]) -> None:
