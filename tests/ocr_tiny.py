@@ -100,7 +100,7 @@ def _train_detector(page: np.ndarray, quads: list[np.ndarray], out: Path) -> Non
 
 
 def _train_recognizer(page: np.ndarray, quads: list[np.ndarray], det: Path, out: Path) -> None:
-    from sampan.taskflow.ocr import crop_line
+    from sampan.taskflow.ocr import DEFAULT_LINE_MARGIN, crop_line
     from sampan.vision import polygon as P
     from sampan.vision.det_db import DBDetector
     from sampan.vision.rec_ctc import CTCRecognizer, RecognizerConfig
@@ -110,7 +110,7 @@ def _train_recognizer(page: np.ndarray, quads: list[np.ndarray], det: Path, out:
     found = [b.quad for b in DBDetector.from_pretrained(det).detect(page)]
     pairs = [(q, text) for q, (text, _, _) in zip(quads, LINES, strict=True)]
     pairs += [(f, text) for f in found for q, (text, _, _) in zip(quads, LINES, strict=True) if P.convex_iou(f, q) > 0.5]
-    batch, widths = model.prepare([crop_line(page, q) for q, _ in pairs])
+    batch, widths = model.prepare([crop_line(page, q, DEFAULT_LINE_MARGIN) for q, _ in pairs])
     texts = [text for _, text in pairs]
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     model.train()

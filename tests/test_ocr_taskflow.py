@@ -134,6 +134,22 @@ def test_truncated_files_bombs_and_huge_sides_are_refused_before_decoding(page, 
         ImageLimits(max_pixels=0)
 
 
+def test_line_margin_grows_a_tilted_line_along_its_own_axes():
+    import math
+
+    from sampan.taskflow.ocr import grow_quad
+
+    # a 100 x 20 line turned 30 degrees: grown by 0.25 of its height (5 px) on every side
+    t = math.radians(30)
+    along, down = np.array([math.cos(t), math.sin(t)]), np.array([-math.sin(t), math.cos(t)])
+    quad = np.array([[50, 50], [50, 50] + 100 * along, [50, 50] + 100 * along + 20 * down, [50, 50] + 20 * down])
+    grown = grow_quad(quad, 0.25)
+    np.testing.assert_allclose(grown.mean(0), quad.mean(0), atol=1e-9)
+    np.testing.assert_allclose(np.linalg.norm(grown[1] - grown[0]), 110, atol=1e-9)
+    np.testing.assert_allclose(np.linalg.norm(grown[3] - grown[0]), 30, atol=1e-9)
+    np.testing.assert_allclose(grow_quad(quad, 0.0), quad)
+
+
 def test_reading_order_takes_columns_one_at_a_time():
     from sampan.taskflow.ocr import reading_order
     from sampan.vision.db_postprocess import TextBox
