@@ -61,16 +61,15 @@ def test_make_bench_runs_every_benchmark_the_tables_read():
 
 
 def test_the_readme_chat_figures_are_the_card_and_the_results_files():
-    """The README's chat table and ratios, hand-written, are what chat-zh-tiny's card and the
+    """The README's chat figures and ratios, hand-written, are what chat-zh-tiny's card and the
     chat_sft / decode / chat_serving results hold (rounded as shown)."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     card = json.loads((ROOT / "sampan" / "hub" / "models" / "chat-zh-tiny" / "card.json").read_text(encoding="utf-8"))
     m = card["metrics"]
-    rows = {"entity F1 (exact match)": f"{m['base_entity_f1']:.3f} | {m['entity_f1']:.3f}",
-            "sentiment accuracy": f"{m['base_sentiment_accuracy']:.1%} | {m['sentiment_accuracy']:.1%}",
-            "poems in the asked form": f"{m['base_poem_form_share']:.1%} | {m['poem_form_share']:.1%}"}
-    for name, figures in rows.items():
-        assert f"| {name} | {figures} |" in readme, f"README's {name!r} row is not the card's {figures}"
+    shown = (f"sentiment accuracy {m['base_sentiment_accuracy']:.1%} → {m['sentiment_accuracy']:.1%}; "
+             f"entity F1 (exact match) {m['base_entity_f1']:.3f} → {m['entity_f1']:.3f}; "
+             f"poems in the asked form {m['base_poem_form_share']:.1%} → {m['poem_form_share']:.1%}")
+    assert shown in " ".join(readme.split()), f"README's chat figures are not the card's: {shown}"
     result = {stem: json.loads((RESULTS / f"{stem}.json").read_text(encoding="utf-8"))
               for stem in ("chat_sft", "decode", "chat_serving")}
     assert f"**{result['chat_sft']['packed_vs_hf']['speedup']:.2f}×**" in readme
@@ -179,3 +178,17 @@ def test_check_mode_reports_a_stale_page(tmp_path, capsys):
     assert results_tables.main(["--check", "--page", str(stale)]) == 1
     assert "time ratio **0.500**" in capsys.readouterr().out
     assert results_tables.main(["--check", "--page", str(PAGE)]) == 0
+
+
+def test_the_readme_ocr_table_is_the_results_file():
+    """The README's hand-written OCR table is what benchmarks/results/ocr.json holds (rounded as shown)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    systems = json.loads((RESULTS / "ocr.json").read_text(encoding="utf-8"))["systems"]
+    rows = {"clean lines: character accuracy": lambda s: f"{s['lines']['clean']['char_accuracy']:.3f}",
+            "degraded lines: character accuracy": lambda s: f"{s['lines']['degraded']['char_accuracy']:.3f}",
+            "page detection F1 (IoU 0.5)": lambda s: f"{s['pages']['detection']['f1']:.3f}",
+            "pages end to end: character accuracy": lambda s: f"{s['pages']['end_to_end']['char_accuracy']:.3f}",
+            "models on disk, MB": lambda s: f"{s['model']['model_mb']:.1f}"}
+    for name, figure in rows.items():
+        shown = " | ".join(figure(systems[k]) for k in ("sampan", "tesseract", "ppocr_v4"))
+        assert f"| {name} | {shown} |" in readme, f"README's OCR row {name!r} is not ocr.json's {shown}"

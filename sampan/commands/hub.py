@@ -55,8 +55,14 @@ def headline_metrics(metrics: dict[str, object], sep: str = ", ", short: bool = 
     def name(key: str) -> str:
         return key.removeprefix("test_").removeprefix("heldout_") if short else key
 
-    return sep.join(f"{name(k)}={v:.3g}" if isinstance(v, float) else f"{name(k)}={v}"
-                    for k, v in metrics.items() if k.endswith(_HEADLINE_SUFFIXES))
+    def value(v: object) -> str:
+        if not isinstance(v, float):
+            return str(v)
+        # the table's figures to 3 decimals when under 1 (0.075, not 0.0754), so the longest name
+        # and figure (degraded_char_accuracy=0.615) fit one line of an 80-column table
+        return f"{v:.3f}" if short and 0 < abs(v) < 1 else f"{v:.3g}"
+
+    return sep.join(f"{name(k)}={value(v)}" for k, v in metrics.items() if k.endswith(_HEADLINE_SUFFIXES))
 
 
 def run_list(args: argparse.Namespace) -> int:
@@ -80,7 +86,7 @@ def run_list(args: argparse.Namespace) -> int:
     # column does not wrap, and each figure gets its own line.
     table.add_column("name", no_wrap=True)
     table.add_column("task", no_wrap=True)
-    table.add_column("held-out metrics", overflow="fold")
+    table.add_column("held-out metrics", overflow="fold", min_width=28)  # degraded_char_accuracy=0.615
     table.add_column("where", no_wrap=True)
     stored = {m["name"] for m in listing["models"]}
     for m in listing["models"]:
