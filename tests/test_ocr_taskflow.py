@@ -252,6 +252,7 @@ def test_unbuilt_models_say_how_to_build_them(tmp_path, monkeypatch):
     from sampan.taskflow import Taskflow
 
     monkeypatch.setenv("SAMPAN_HOME", str(tmp_path))
+    monkeypatch.setattr("sampan.store.models.SHIPPED_DIR", tmp_path / "nothing-shipped")  # a store without them
     with pytest.raises(FileNotFoundError, match="sampan hub build ocr-det-zh"):
         Taskflow("ocr")
     with pytest.raises(ValueError, match="ocr does not take 'det_modle'; for 'det_modle', did you mean 'det_model'"):
