@@ -188,15 +188,13 @@ def test_greedy_decoding_merges_repeats_and_drops_blanks():
 
 
 def _lines(texts):
-    from sampan.vision import fonts
     from sampan.vision.render import render_line
+    from tests.ocr_tiny import cjk_font
 
-    installed = fonts.installed_fonts()
-    if not installed:
-        pytest.skip(f"no CJK font installed: {fonts.install_hint()}")
+    font = cjk_font()
     rng = np.random.default_rng(0)
     style = ((255, 255, 255), (0, 0, 0), "plain")
-    return [render_line(t, installed[0], 24, rng, style).image for t in texts]
+    return [render_line(t, font, 24, rng, style).image for t in texts]
 
 
 def test_ctc_loss_decreases_on_rendered_lines_and_then_reads_them():
