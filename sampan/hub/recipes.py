@@ -92,8 +92,8 @@ MINI_CORPORA = ("news", "sanguo", "reviews", "debian-zh")
 @dataclasses.dataclass
 class ErnieMiniRecipe(ErnieRecipe):
     """ernie-mini-zh: ERNIE 3.0 Mini's shape (6 x 384, 12 heads, FFN 1536) pretrained with knowledge
-    masking on People's Daily, 三国演义, the reviews and the Debian documentation prose, over several
-    sittings (``max_minutes``; each rerun resumes).
+    masking on People's Daily, 三国演义, the reviews and the Debian documentation prose, in one
+    sitting of about 95 minutes on 2 cores (a rerun resumes from the last checkpoint).
 
     Fields:
         data: its data build: ernie-tiny-zh's corpora plus ``debian-zh``, a 6,000-token vocabulary.
@@ -107,20 +107,19 @@ class ErnieMiniRecipe(ErnieRecipe):
     # technical manuals (9% fewer tokens there), which a Chinese base has no use for at 0.77M
     # embedding parameters.
     data: DataBuildConfig = nested(DataBuildConfig, **{**DATA_DEFAULTS, "corpora": MINI_CORPORA})
-    # 7,000 steps of batch 32 x 128, cosine from 5e-4 (post-norm BERT-small practice, half
-    # ernie-tiny-zh's 1e-3 for a wider, deeper post-norm stack) to 10% after 350 warmup steps (5%).
-    # Why 7,000: one step took 3.4 s of CPU time at 1 thread (OMP_NUM_THREADS=1, measured on this
-    # 2-core machine under load: 3.38-3.51 s over 5 steps; the real run's first steps, ~3.1 s), so
-    # 7,000 x 3.4 s = 23,800 s = 6.6 hours of one core, the 6-8 hours of several sittings. That is
-    # about 5.5 passes over the 40,972 packed rows (64,262 build rows, 5.3M characters). Saved every
-    # 50 steps and evaluated every 150: on the shared machine a step took 6.5-16.5 s of wall time, so
-    # a checkpoint at least every ~15 minutes and a held-out MLM loss about every half hour.
+    # 3,000 steps of batch 32 x 128, cosine from 5e-4 (post-norm BERT-small practice, half
+    # ernie-tiny-zh's 1e-3 for a wider, deeper post-norm stack) to 10% after 150 warmup steps (5%).
+    # Why 3,000: the build must finish in one sitting (a build machine keeps nothing between
+    # sittings, so a run spread over several never resumes). One step costs about 3.1 s of CPU at
+    # 1 thread, about 1.9 s of wall time at 2, so 3,000 steps take about 95 minutes on 2 cores:
+    # 2.3 passes over the 40,972 packed rows (64,262 build rows, 5.3M characters). Saved every
+    # 100 steps (a crash loses minutes, not the sitting) and evaluated every 300.
     pretrain: PretrainConfig = nested(
         PretrainConfig, model={"name": "ernie-mini", "overrides": {"dropout": 0.0, "attention_dropout": 0.0,
                                                                    "pre_norm": False}},
         masking="knowledge", pack=True,
-        training={"max_steps": 7000, "per_device_train_batch_size": 32, "learning_rate": 5e-4,
-                  "warmup_steps": 350, "eval_steps": 150, "save_steps": 50, "seed": 0,
+        training={"max_steps": 3000, "per_device_train_batch_size": 32, "learning_rate": 5e-4,
+                  "warmup_steps": 150, "eval_steps": 300, "save_steps": 100, "seed": 0,
                   "overwrite_output_dir": True})
 
 
