@@ -27,8 +27,8 @@ CARD_NAME = "card.json"
 # The names `sampan hub build` has a recipe for. The store owns the names so that an unbuilt one
 # gets the command that builds it without the store importing the recipes (a layer above it);
 # tests/test_hub.py checks that sampan.hub.recipes registers exactly these.
-RECIPE_NAMES = ("ernie-tiny-zh", "ernie-mini-zh", "gpt-zh", "ernie-tiny-sentiment", "ernie-tiny-ner", "chat-zh-tiny", "ocr-det-zh",
-               "ocr-rec-zh")
+RECIPE_NAMES = ("ernie-tiny-zh", "ernie-mini-zh", "gpt-zh", "ernie-tiny-sentiment", "ernie-mini-sentiment",
+                "ernie-tiny-ner", "chat-zh-tiny", "ocr-det-zh", "ocr-rec-zh")
 
 
 def search_paths() -> list[Path]:
