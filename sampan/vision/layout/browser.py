@@ -36,6 +36,13 @@ async () => {
     const body_units = units.filter(u => !u.classList.contains('keep'));
     (body_units.length ? body_units[body_units.length - 1] : units[units.length - 1]).remove();
   }
+  // A section title left last in the body (its text did not fit) would head nothing: it goes too.
+  for (;;) {
+    const rest = [...body.querySelectorAll(':scope > .unit:not(.keep)')];
+    const last = rest[rest.length - 1];
+    if (!last || last.children.length !== 1 || !last.firstElementChild.matches('h2, h3')) break;
+    last.remove();
+  }
   const boxes = [];
   for (const el of document.querySelectorAll('[data-cls]')) {
     let r = el.getBoundingClientRect();
