@@ -1,7 +1,7 @@
 """`sampan data build-layout`: rendered document pages with layout boxes read from Chromium's DOM.
 
 Two builds of 3 train + 2 test pages (the same seed twice) through the real headless Chromium
-(/usr/bin/chromium, `make system-deps` installs it) share one module fixture; costs ~8-10 s on 2 busy cores.
+(/usr/bin/chromium, `make system-deps` installs it) share one module fixture; costs ~10 s on 2 busy cores.
 """
 
 from __future__ import annotations
@@ -180,3 +180,15 @@ def test_classes_are_cdlas_ten_in_order():
     assert CLASSES == ("text", "title", "figure", "figure_caption", "table", "table_caption", "header", "footer",
                        "reference", "equation")
     assert [CATEGORY_IDS[c] for c in CLASSES] == list(range(1, 11))
+
+
+def test_the_saved_html_lays_out_to_the_recorded_boxes(builds):
+    from sampan.vision.layout.browser import PageRenderer
+
+    (out, _), _ = builds
+    page = next(p for split in ("train", "test") for p in read_pages(out, split) if not p["scanned"])
+    with PageRenderer((800, 1131)) as renderer:
+        _, measured, _ = renderer.render((out / page["html"]).read_text(encoding="utf-8"))
+    got = {m["bid"]: [round(min(max(v, 0.0), lim), 2) for v, lim in zip(m["box"], (800, 1131, 800, 1131), strict=True)]
+           for m in measured}
+    assert {b["block"]: b["bbox"] for b in page["boxes"]} == {k: got[k] for k in (b["block"] for b in page["boxes"])}

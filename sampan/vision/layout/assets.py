@@ -2,8 +2,8 @@
 mathtext, each a PNG returned as bytes (the HTML embeds it as a data URI, so a page is one file).
 
 Drawn with the Agg backend and no timestamp in the PNG, so the same generator state gives the same
-bytes. Chart labels are digits and Latin letters: matplotlib's own fonts have no CJK glyphs, and the
-Chinese a figure needs is in its caption, which is text on the page.
+bytes. Chart labels are Chinese (cities, quarters, series names) drawn in the page's own font file
+(matplotlib's fonts have no CJK glyphs), or years and Latin letters.
 """
 
 from __future__ import annotations
@@ -32,6 +32,10 @@ FORMULAS: tuple[str, ...] = (
     r"$\cos^2\theta + \sin^2\theta = 1$",
 )
 CHART_KINDS = ("bar", "line", "scatter", "pie", "barh")
+CATEGORY_LABELS = (("北京", "上海", "广州", "深圳", "杭州", "武汉", "成都", "南京", "西安"),
+                   ("一季度", "二季度", "三季度", "四季度"), ("一月", "二月", "三月", "四月", "五月", "六月", "七月", "八月"),
+                   ("农业", "工业", "服务业", "建筑业", "交通", "教育", "医疗"))
+SERIES_LABELS = ("实验组", "对照组", "基线", "本文方法", "收入", "支出", "预测值", "实际值")
 
 
 def _png(fig) -> bytes:
@@ -41,16 +45,30 @@ def _png(fig) -> bytes:
     return buffer.getvalue()
 
 
-def chart_png(rng: np.random.Generator, width_px: int, height_px: int) -> tuple[bytes, str]:
-    """A seeded chart of ``width_px`` x ``height_px`` pixels; returns the PNG and the chart's kind."""
+def chart_png(rng: np.random.Generator, width_px: int, height_px: int, font_path: str | None = None,
+              allowed: frozenset[str] | None = None) -> tuple[bytes, str]:
+    """A seeded chart of ``width_px`` x ``height_px`` pixels; returns the PNG and the chart's kind.
+    With ``font_path`` (a CJK font file) its labels may be Chinese, limited to ``allowed`` characters."""
     from matplotlib.figure import Figure  # a bare Figure: no pyplot state, no GUI backend
+    from matplotlib.font_manager import FontProperties
 
     kind = CHART_KINDS[int(rng.integers(len(CHART_KINDS)))]
     dpi = 100
     fig = Figure(figsize=(width_px / dpi, height_px / dpi), dpi=dpi)
     ax = fig.add_subplot()
     n = int(rng.integers(4, 9))
-    labels = [str(2010 + i) for i in range(n)] if rng.random() < 0.5 else [chr(65 + i) for i in range(n)]
+    form = rng.random()
+    cjk = font_path is not None and form < 0.6
+    prop = FontProperties(fname=font_path, size=7) if cjk else FontProperties(size=7)
+    if cjk:
+        pool = CATEGORY_LABELS[int(rng.integers(len(CATEGORY_LABELS)))]
+        pool = tuple(w for w in pool if allowed is None or set(w) <= allowed) or ("A", "B", "C", "D")
+        n = min(n, len(pool))
+        labels = list(pool[:n])
+        series = [w for w in SERIES_LABELS if allowed is None or set(w) <= allowed] or ["S1", "S2", "S3"]
+    else:
+        labels = [str(2010 + i) for i in range(n)] if form < 0.8 else [chr(65 + i) for i in range(n)]
+        series = [f"S{k + 1}" for k in range(3)]
     values = rng.uniform(5, 100, size=n).round(1)
     colors = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860"]
     if kind == "bar":
@@ -59,14 +77,17 @@ def chart_png(rng: np.random.Generator, width_px: int, height_px: int) -> tuple[
         ax.barh(labels, values, color=colors[int(rng.integers(len(colors)))])
     elif kind == "line":
         for k in range(int(rng.integers(1, 4))):
-            ax.plot(labels, rng.uniform(5, 100, size=n).round(1), marker="o", color=colors[k], label=f"S{k + 1}")
-        ax.legend(fontsize=7)
+            ax.plot(labels, rng.uniform(5, 100, size=n).round(1), marker="o", color=colors[k],
+                    label=series[k % len(series)])
+        ax.legend(prop=prop)
     elif kind == "scatter":
         x = rng.normal(size=60)
         ax.scatter(x, 0.8 * x + rng.normal(scale=0.5, size=60), s=8, color=colors[int(rng.integers(len(colors)))])
     else:
-        ax.pie(values[:5], labels=labels[:5], colors=colors[:5], textprops={"fontsize": 7})
+        ax.pie(values[:5], labels=labels[:5], colors=colors[:5], textprops={"fontproperties": prop})
     ax.tick_params(labelsize=7)
+    for label in (*ax.get_xticklabels(), *ax.get_yticklabels()):
+        label.set_fontproperties(prop)
     fig.tight_layout(pad=0.4)
     return _png(fig), kind
 

@@ -151,7 +151,7 @@ def _make_page(task: tuple[str, int]) -> dict:
     fonts = state.fonts[split]
     font = fonts[int(rng.integers(len(fonts)))]
     scanned = bool(rng.random() < config.scan_fraction)
-    content = state.drawers[split].page(rng, template, font.charset(), config.page_size)
+    content = state.drawers[split].page(rng, template, font.charset(), config.page_size, font.path)
     html, style = page_html(content, template, font.spec.family, config.page_size, rng)
     png, measured, laid_out = _renderer().render(html)
 

@@ -137,8 +137,9 @@ class ContentDrawer:
         self.source = source
 
     def page(self, rng: np.random.Generator, template: Template, allowed: frozenset[str],
-             size: tuple[int, int]) -> PageContent:
-        """A page's content for ``template``, its text limited to the font's characters ``allowed``."""
+             size: tuple[int, int], font_path: str | None = None) -> PageContent:
+        """A page's content for ``template``, its text limited to the font's characters ``allowed``;
+        charts label in Chinese with ``font_path`` (the page's font file)."""
         ids = _Ids()
         body_px = int(rng.integers(template.body_px[0], template.body_px[1] + 1))
         width, height = size
@@ -163,7 +164,7 @@ class ContentDrawer:
                 unit = [self._section_title(rng, counters["section"], ids, allowed)]
             else:
                 kind = kinds[int(rng.choice(len(kinds), p=p))]
-                unit = self._unit(kind, rng, ids, allowed, column_width, body_px, counters)
+                unit = self._unit(kind, rng, ids, allowed, column_width, body_px, counters, font_path)
             used += self._estimate(unit, column_width, body_px)
             units.append(unit)
         units += refs
@@ -204,7 +205,7 @@ class ContentDrawer:
         return Block(ids(), "title", "section_title", _clean(prefix, allowed) + _phrase(self.source, rng, 4, 14, allowed),
                      level=level)
 
-    def _unit(self, kind, rng, ids, allowed, column_width, body_px, counters) -> list[Block]:
+    def _unit(self, kind, rng, ids, allowed, column_width, body_px, counters, font_path) -> list[Block]:
         if kind == "paragraph":
             text = self.source.passage(rng, int(rng.integers(50, 240)), allowed).text.replace("\n", "")
             return [Block(ids(), "text", "paragraph", text)]
@@ -226,7 +227,7 @@ class ContentDrawer:
             counters["figure"] += 1
             w = int(column_width * rng.uniform(0.55, 0.95))
             h = int(w * rng.uniform(0.5, 0.75))
-            png, chart = chart_png(rng, w, h)
+            png, chart = chart_png(rng, w, h, font_path, allowed)
             figure = Block(ids(), "figure", "figure", image=png, extra={"chart": chart, "image_size": [w, h]})
             caption = Block(ids(), "figure_caption", "figure_caption",
                             f"图{counters['figure']} " + _phrase(self.source, rng, 6, 20, allowed))
