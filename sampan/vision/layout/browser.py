@@ -64,6 +64,18 @@ def missing_browser_hint() -> str:
             "(it installs chromium and the CJK fonts with apt-get)")
 
 
+def check_browser() -> None:
+    """Raise a clear error, before any work, when Chromium or the playwright package is missing."""
+    if not os.path.exists(CHROMIUM):
+        raise FileNotFoundError(missing_browser_hint())
+    try:
+        import playwright.sync_api  # noqa: F401 - only whether it imports
+    except ImportError as e:  # it comes with sampan's dev extra (`make setup-dev`)
+        raise ImportError("the playwright package drives Chromium and is not installed: `pip install "
+                          "'playwright>=1.65.2'` or `make setup-dev` (no browser download: sampan drives "
+                          f"{CHROMIUM})") from e
+
+
 class PageRenderer:
     """One Chromium and one page (tab) of a fixed viewport, reused for every page rendered.
 
@@ -72,13 +84,8 @@ class PageRenderer:
     """
 
     def __init__(self, size: tuple[int, int]) -> None:
-        if not os.path.exists(CHROMIUM):
-            raise FileNotFoundError(missing_browser_hint())
-        try:
-            from playwright.sync_api import sync_playwright
-        except ImportError as e:  # a dependency of sampan; only a broken install lacks it
-            raise ImportError("the playwright package is missing: `pip install playwright` (no browser download "
-                              f"needed; sampan drives {CHROMIUM})") from e
+        check_browser()
+        from playwright.sync_api import sync_playwright
         self.size = size
         self._playwright = sync_playwright().start()
         try:

@@ -218,7 +218,7 @@ def build_layout_data(config: LayoutDataConfig, log: Callable[[str], None] = lam
     global _STATE
     from sampan.utils.atomic import atomic_dir
     from sampan.vision.fonts import select_fonts
-    from sampan.vision.layout.browser import CHROMIUM, missing_browser_hint
+    from sampan.vision.layout.browser import check_browser
     from sampan.vision.layout.coco import coco_file
     from sampan.vision.layout.content import ContentDrawer
     from sampan.vision.text_sources import TextSource, load_documents
@@ -227,8 +227,7 @@ def build_layout_data(config: LayoutDataConfig, log: Callable[[str], None] = lam
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not _is_layout_build(out))):
         raise FileExistsError(f"{out} exists and is not a data set built by `sampan data build-layout`; "
                               "pick another --out (nothing was written)")
-    if not Path(CHROMIUM).exists():  # before anything loads: the one thing a fresh machine often lacks
-        raise FileNotFoundError(missing_browser_hint())
+    check_browser()  # before anything loads: what a fresh machine most often lacks
     start = time.perf_counter()
     chosen = select_fonts(config.fonts, config.held_out_fonts)
     # Test pages use every font, seen and held out; train never sees a held-out one.
