@@ -1,6 +1,6 @@
 """`sampan data build-layout`: rendered document pages with layout boxes read from Chromium's DOM.
 
-Two builds of 3 train + 2 test pages (the same seed twice) through the real headless Chromium
+Two builds of 3 train + 2 test pages (the same seed twice, with 1 and 2 workers) through the real headless Chromium
 (/usr/bin/chromium, `make system-deps` installs it) share one module fixture; costs ~10 s on 2 busy cores.
 """
 
@@ -24,10 +24,10 @@ SETTINGS = {"train_pages": 3, "test_pages": 2, "seed": 0, "corpora": ("sanguo", 
 
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory):
-    """The same seed built twice."""
+    """The same seed built twice: in this process, then in two forked workers (each its own Chromium)."""
     root = tmp_path_factory.mktemp("layout")
     out = [root / "a", root / "b"]
-    manifests = [build_layout_data(LayoutDataConfig(out=str(o), **SETTINGS)) for o in out]
+    manifests = [build_layout_data(LayoutDataConfig(out=str(o), workers=w, **SETTINGS)) for o, w in zip(out, (1, 2), strict=True)]
     return out, manifests
 
 
@@ -53,7 +53,7 @@ def test_boxes_lie_inside_their_page_with_positive_size_and_a_cdla_class(builds)
             assert {"header", "footer", "text"} <= names, (im["file_name"], names)
 
 
-def test_the_same_seed_gives_the_same_html_and_boxes(builds):
+def test_the_same_seed_gives_the_same_html_and_boxes_with_any_number_of_workers(builds):
     (a, b), (ma, mb) = builds
     for split in ("train", "test"):
         assert (a / f"{split}.json").read_text(encoding="utf-8") == (b / f"{split}.json").read_text(encoding="utf-8")
