@@ -61,6 +61,8 @@ class Block:
         out: dict = {"id": self.id, "class": self.cls, "kind": self.kind, "text": self.text}
         if self.level:
             out["level"] = self.level
+        if self.kind == "list_item":
+            out["ordered"] = self.ordered  # the page shows "N." or "•" before the text; ``text`` leaves it out
         if self.cells is not None:
             out |= {"rows": len(self.cells), "cols": len(self.cells[0]), "cells": self.cells}
         return out | self.extra
