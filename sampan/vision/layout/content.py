@@ -113,7 +113,7 @@ def _name(rng: np.random.Generator) -> str:
     return SURNAMES[int(rng.integers(len(SURNAMES)))] + given
 
 
-def _cell(rng: np.random.Generator, column: int, allowed: frozenset[str]) -> str:
+def _cell(rng: np.random.Generator, allowed: frozenset[str]) -> str:
     form = rng.random()
     if form < 0.35:
         return f"{rng.uniform(0, 1000):.{int(rng.integers(0, 3))}f}"
@@ -220,7 +220,7 @@ class ContentDrawer:
             counters["table"] += 1
             rows, cols = int(rng.integers(3, 8)), int(rng.integers(2, 6))
             head = [COLUMN_WORDS[int(i)] for i in rng.choice(len(COLUMN_WORDS), size=cols, replace=False)]
-            body = [[_phrase(self.source, rng, 2, 6, allowed)] + [_cell(rng, c, allowed) for c in range(1, cols)]
+            body = [[_phrase(self.source, rng, 2, 6, allowed)] + [_cell(rng, allowed) for _ in range(1, cols)]
                     for _ in range(rows - 1)]
             caption = Block(ids(), "table_caption", "table_caption",
                             f"表{counters['table']} " + _phrase(self.source, rng, 6, 18, allowed))
