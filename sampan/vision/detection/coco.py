@@ -89,8 +89,8 @@ def read_coco(path: str | Path, check_files: bool = True) -> CocoDataset:
     return CocoDataset(path, list(images.values()), [c["name"] for c in categories], [c["id"] for c in categories])
 
 
-def evaluate_coco_map(ground_truth: str | Path, detections: list[dict]) -> dict[str, float]:
-    """mAP through pycocotools' COCOeval. ``detections``: ``{"image_id", "category_id", "bbox"
+def evaluate_coco_map(ground_truth: str | Path | dict, detections: list[dict]) -> dict[str, float]:
+    """mAP through pycocotools' COCOeval against a COCO file or its loaded dict. ``detections``: ``{"image_id", "category_id", "bbox"
     [x, y, w, h], "score"}``. Returns ``map`` (0.5:0.95), ``map50`` and ``ap/<class name>``."""
     import contextlib
     import io
@@ -100,7 +100,12 @@ def evaluate_coco_map(ground_truth: str | Path, detections: list[dict]) -> dict[
     from pycocotools.cocoeval import COCOeval
 
     with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints progress
-        gt = COCO(str(ground_truth))
+        if isinstance(ground_truth, dict):
+            gt = COCO()
+            gt.dataset = ground_truth
+            gt.createIndex()
+        else:
+            gt = COCO(str(ground_truth))
         if not detections:
             return {"map": 0.0, "map50": 0.0}
         dt = gt.loadRes(detections)
