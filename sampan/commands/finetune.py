@@ -63,7 +63,8 @@ def print_result(result, task: str) -> None:
     share = result.trainable_parameters / max(result.total_parameters, 1)
     console.print(f"trainable parameters {result.trainable_parameters:,} of {result.total_parameters:,} "
                   f"({share:.2%}); trained in {result.train_seconds:.1f} s; data {result.data_sizes}")
-    loader = "sampan.vision.rec_ctc.CTCRecognizer.from_pretrained" if task == "ocr_rec" else "sampan.finetune.load_task_model"
+    loader = {"ocr_rec": "sampan.vision.rec_ctc.CTCRecognizer.from_pretrained",
+              "detection": "sampan.vision.detection.model.Detector.from_pretrained"}.get(task, "sampan.finetune.load_task_model")
     console.print(f"model: {result.output_dir}  (load with {loader})")
 
 

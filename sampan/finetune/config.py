@@ -10,7 +10,7 @@ from sampan.finetune.dpo_config import DPOConfig
 from sampan.trainer.arguments import TrainingArguments
 from sampan.utils.config import nested, refuse_changes, resolve_nested
 
-TASKS = ("sentiment_analysis", "ner", "chat", "dpo", "ocr_rec")
+TASKS = ("sentiment_analysis", "ner", "chat", "dpo", "ocr_rec", "detection")
 # The tasks that fine-tune a causal LM on chat-template text (sampan/finetune/causal_lm.py).
 CAUSAL_TASKS = ("chat", "dpo")
 METHODS = ("full", "lora", "adapter")
@@ -187,6 +187,9 @@ class FinetuneConfig:
             need(self.data != "builtin", "data", "must be a JSONL file of {\"image\", \"text\"} records (or a directory "
                  "with train.jsonl) for task='ocr_rec'")
             need(self.method == "full", "method", "must be 'full' for task='ocr_rec' (the recogniser trains whole)")
+        if self.task == "detection":  # an anchor-free detector on a COCO file (sampan/finetune/detection.py)
+            need(self.data != "builtin", "data", "must be a COCO-format JSON file for task='detection' (docs/detection.md)")
+            need(self.method == "full", "method", "must be 'full' for task='detection' (the detector trains whole)")
         if self.task in CAUSAL_TASKS:
             need(self.data != "builtin", "data", f"must be a JSONL file or directory for task={self.task!r} (there is "
                  "no builtin chat data; `sampan data build-chat` writes a Chinese instruction set)")

@@ -94,6 +94,10 @@ def finetune(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = None
         from sampan.finetune.ocr_rec import run_ocr_rec
 
         return run_ocr_rec(cfg, callbacks)
+    if cfg.task == "detection":  # an anchor-free detector on a COCO file (sampan/finetune/detection.py)
+        from sampan.finetune.detection import run_detection
+
+        return run_detection(cfg, callbacks)
     training = cfg.training
     resolve_device(training.device)  # a GPU that is not there fails now, not after the data is loaded
     out = Path(training.output_dir)
