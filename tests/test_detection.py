@@ -159,6 +159,8 @@ def test_tiny_detector_trains_through_finetune_and_round_trips(tmp_path):
     again = Detector.from_pretrained(result.output_dir)
     for a, b in zip(model(x), again(x), strict=True):
         assert torch.equal(a, b)
+    found = model.predict(tmp_path / "0.png", score_threshold=0.05)
+    assert found and {"label", "score", "box"} <= set(found[0]) and found[0]["label"] in {"red", "green"}
 
 
 @pytest.mark.slow  # one torch.export + ONNX export

@@ -118,6 +118,23 @@ class Detector(Layer):
                  "score": float(scores[anchor[k], cls[k]]), "box": [float(v) for v in boxes[anchor[k]]]}
                 for k in keep]
 
+    @torch.no_grad()
+    def predict(self, image, score_threshold: float = 0.3, iou_threshold: float = 0.6) -> list[dict]:
+        """Detect objects in a PIL image (or a path): ``[{"label", "score", "box"}]`` with boxes
+        x0,y0,x1,y1 in the image's own pixels, best first."""
+        from PIL import Image
+
+        from sampan.vision.detection.letterbox import letterbox
+
+        image = Image.open(image) if isinstance(image, (str, os.PathLike)) else image
+        size = self.config.input_size
+        tensor, _, scale = letterbox(image, [], size)
+        cls, reg = self(tensor[None])
+        found = self.decode(cls[0], reg[0], size, size, score_threshold, iou_threshold)
+        for d in found:
+            d["box"] = [min(v / scale, image.width if i % 2 == 0 else image.height) for i, v in enumerate(d["box"])]
+        return found
+
     def save_pretrained(self, directory: str | os.PathLike):
         """Write the model directory (config.json + model.safetensors)."""
         return save_model(self, self.config, MODEL_TYPE, directory)
