@@ -14,7 +14,6 @@ import pytest
 
 from sampan.cli import main
 from sampan.demo import DemoConfig, run_demo
-from sampan.demo.finetune_stage import COLLAPSED_COSINE
 from sampan.models import from_pretrained
 from sampan.text import CharVocab
 
@@ -65,43 +64,31 @@ def test_bad_demo_argument_is_a_clear_error(capsys):
 @pytest.mark.slow
 def test_demo_learns_and_saves_a_loadable_model(tmp_path, monkeypatch):
     monkeypatch.setenv("SAMPAN_HOME", str(tmp_path / "home"))  # the Taskflow export cache
-    # No ERNIE a test can afford to pretrain fine-tunes past chance (after the 80 steps this config
-    # used to give it, 20 fine-tuning steps scored 0.469 and 100 steps 0.531, each a constant answer),
-    # so the test takes the demo's fallback on purpose: 20 ERNIE steps leave the encoder at the
-    # unigram plateau (output cosine 0.991), and the stage then fine-tunes the shipped ernie-tiny-zh
-    # too and serves the better of the two on dev. 80 fine-tuning steps are what that base needs
-    # (60 still leave it at 0.56). The test takes about 45 s longer for it (67 s -> 112 s on a quiet
-    # 2-core machine at conftest's one thread; each 80-step fine-tune is about 36 s of that).
+    # The sentiment stage fine-tunes the shipped ernie-tiny-zh (the demo's default base) with its
+    # embeddings and first block frozen; the stage-1 ERNIE is only pretrained and scored here. The
+    # test costs ~53 s under the pretraining load (it was ~79 s when it fine-tuned two bases). Its
+    # 80-step model scores 0.703 on the 64 test reviews (baseline 0.797) and answers the seed's two
+    # reviews right but near 0.5 (0.57, 0.56), so only the shipped model's labels are asserted.
     out = str(tmp_path / "demo")
     cfg = DemoConfig(
         max_new_tokens=10,
         ernie={"data": {"max_docs": 36, "seq_len": 64},
                "pretrain": {"training": {"max_steps": 20, "warmup_steps": 2, "logging_steps": 5}}},
-        sentiment={"finetune": {"max_eval_examples": 64, "training": {"max_steps": 80, "eval_steps": 26}}},
+        sentiment={"finetune": {"max_eval_examples": 64, "training": {"max_steps": 80, "eval_steps": 40}},
+                   "baseline": {"c_grid": (4.0,)}},
         gpt={"data": {"seq_len": 64}, "training": {"output_dir": out, "max_steps": 40, "eval_steps": 20,
                                                    "warmup_steps": 5, "logging_steps": 10, "save_steps": 40}})
     result = run_demo(cfg, log=lambda _: None)
     # Stage 2: the pretrained ERNIE was fine-tuned, exported and answered through the ONNX predictor.
     stage = result["ernie"]["finetune"]
-    # The served model scores 0.734 (47 of 64 test reviews; dev 0.734) at test loss 0.586; the demo's
-    # own ERNIE 0.531 (dev 0.578), a constant answer: 34 of the 64 reviews are positive. The seeds
-    # are fixed, so on one machine the figures repeat exactly (at one thread or two alike). The floor
-    # sits seven reviews below (about twice the 64-review sampling error: room for another CPU's
-    # rounding to take training elsewhere) and six above the constant answer; a fine-tune that does
-    # not learn stays near 0.5 and at a loss near log(2) = 0.693.
     metrics = stage["metrics"]
     assert 0.625 <= metrics["accuracy"] <= 1.0 and metrics["loss"] < math.log(2), metrics
-    assert 0.0 <= stage["own_base_metrics"]["accuracy"] <= 1.0
-    similarity = result["ernie"]["similarity"]["token_output_cosine"]
-    assert COLLAPSED_COSINE < similarity <= 1.0 + 1e-6, similarity
-    shipped = tmp_path / "demo" / "sentiment" / "model-from-shipped-base"
-    assert shipped.is_dir() and stage["served"] == str(shipped)
+    assert stage["served"] == str(tmp_path / "demo" / "sentiment" / "model")
+    assert 0.5 < stage["baseline_accuracy"] <= 1.0 and stage["test_examples"] == 64
     assert (tmp_path / "home" / "cache" / "inference").is_dir()
     assert stage["export_dir"].startswith(str(tmp_path / "home"))
-    assert [a["text"] for a in stage["answers"]] == ["这家餐厅的服务非常棒", "质量太差了，用了两天就坏"]
-    assert all(a["label"] in ("positive", "negative") for a in stage["answers"])
-    # Then the shipped Taskflow("sentiment_analysis") answers the same two reviews, and gets both right.
-    assert [a["label"] for a in stage["shipped_answers"]] == ["positive", "negative"], stage["shipped_answers"]
+    assert [a["text"] for a in stage["answers"]][:2] == ["这家餐厅的服务非常棒", "质量太差了，用了两天就坏"]
+    assert [a["label"] for a in stage["shipped_answers"]][:2] == ["positive", "negative"], stage["shipped_answers"]
     summary = result["summary"]
     # A character LM starts near log(vocab) ~ 8.1 and must clearly beat it after 40 steps,
     # on training and on held-out chapters alike.

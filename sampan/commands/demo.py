@@ -1,5 +1,5 @@
-"""``sampan demo``: pretrain ernie-tiny, fine-tune, export and serve it, then train gpt-tiny (``sampan.demo``);
-flags from ``DemoConfig``, each stage's verb config nested in it."""
+"""``sampan demo``: pretrain ernie-tiny, fine-tune the shipped base, export and serve it, then train
+gpt-tiny (``sampan.demo``); flags from ``DemoConfig``, each stage's verb config nested in it."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ def run(args: argparse.Namespace) -> int:
 
 def register(subparsers) -> None:
     demo = subparsers.add_parser(
-        "demo", help="pretrain ernie-tiny with knowledge masking, fine-tune, export, serve through Taskflow; then "
+        "demo", help="pretrain ernie-tiny with knowledge masking, fine-tune the shipped base, export, serve through "
+                     "Taskflow; then "
                      "train gpt-tiny on 三国演义",
         description="Stage ernie: build People's Daily 1998 data and pretrain ernie-tiny with ERNIE knowledge masking "
                     "(char -> phrase -> entity), score held-out MLM and an entity cloze. Stage sentiment: fine-tune "
