@@ -188,3 +188,21 @@ def test_onnx_export_matches_eager(tmp_path):
     ort = model.decode(torch.from_numpy(got[0][0]), torch.from_numpy(got[1][0]), 64, 64, score_threshold=0.0)
     assert [d["class_id"] for d in ort] == [d["class_id"] for d in model.decode(want[0][0], want[1][0], 64, 64,
                                                                                  score_threshold=0.0)]
+
+
+def test_flip_mirrors_boxes_and_colour_jitter_keeps_them():
+    import random
+
+    from sampan.vision.detection.box_augment import augment
+
+    image = torch.zeros(3, 8, 10)
+    image[:, 2:4, 1:3] = 1.0
+    boxes = torch.tensor([[1.0, 2, 3, 4]])
+    rng = random.Random(0)
+    while True:  # until the coin says flip
+        out, moved = augment(image, boxes, rng, flip=True, colour=0.0)
+        if not torch.equal(moved, boxes):
+            break
+    assert moved.tolist() == [[7.0, 2, 9, 4]] and out[0, 2:4, 7:9].eq(1).all() and out.sum() == image.sum()
+    jittered, same = augment(image, boxes, rng, colour=0.2)
+    assert torch.equal(same, boxes) and jittered.min() >= 0 and jittered.max() <= 1

@@ -18,6 +18,7 @@ import torch
 
 from sampan.finetune.config import FinetuneConfig
 from sampan.finetune.result import FinetuneResult
+from sampan.vision.detection.box_augment import augment
 from sampan.vision.detection.letterbox import letterbox
 
 
@@ -73,9 +74,9 @@ def run_detection(cfg: FinetuneConfig, callbacks=None) -> FinetuneResult:
     model.train()
     for step in range(steps):
         chosen = rng.sample(train, batch)
-        x = torch.stack([loaded[im.id][0] for im in chosen])
-        cls, reg = model(x)
-        parts = detection_loss(model, cls, reg, size, size, [loaded[im.id][1] for im in chosen],
+        pairs = [augment(loaded[im.id][0], loaded[im.id][1], rng) for im in chosen]  # colour jitter; no flip (pages)
+        cls, reg = model(torch.stack([p[0] for p in pairs]))
+        parts = detection_loss(model, cls, reg, size, size, [p[1] for p in pairs],
                                [torch.tensor(im.labels, dtype=torch.long) for im in chosen])
         opt.zero_grad()
         parts["loss"].backward()
