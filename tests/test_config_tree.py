@@ -60,6 +60,7 @@ HOMONYMS: dict[str, dict[str, str]] = {
         "ReportOptions": "the report's PNG file",
         "BuildOptions": "the model store a recipe writes into",
         "OcrDataConfig": "the OCR data set's directory (images, labels, manifest)",
+        "LayoutDataConfig": "the layout data set's directory (pages, COCO files, pages.jsonl, manifest)",
     },
     "overwrite": {
         "DataBuildConfig": "replace an existing data build",
@@ -77,14 +78,17 @@ HOMONYMS: dict[str, dict[str, str]] = {
         "DataBuildConfig": "processes that segment, tag and tokenize a build",
         "ServeSpec": "uvicorn worker processes, each with its own copy of the models",
         "OcrDataConfig": "processes that render OCR images (the bytes do not depend on it)",
+        "LayoutDataConfig": "browser processes that lay out pages (the pages do not depend on it)",
     },
     "corpora": {
         "DataBuildConfig": "the corpora tokenized into shards",
         "OcrDataConfig": "the corpora OCR lines and pages are cut from",
+        "LayoutDataConfig": "the corpora the pages' text is cut from",
     },
     "seed": {
         "TrainingArguments": "the run's seed (initialisation, data order, dropout)",
         "OcrDataConfig": "the seed every rendered OCR image's generator derives from",
+        "LayoutDataConfig": "the seed every page's content, template and scan derive from",
     },
     "beta": {
         "DBLossConfig": "the weight of the DB threshold map's L1 loss",
@@ -101,6 +105,33 @@ HOMONYMS: dict[str, dict[str, str]] = {
     "strategy": {
         "TrainingArguments": "the run's hybrid-parallel layout, validated into DistributedStrategy's dict",
         "SimulateOptions": "a layout to simulate, as the JSON text or the file (a run file's [strategy]) it is in",
+    },
+    # The two rendered data sets share these words, each for its own images: an OCR build's pages
+    # are Pillow-drawn blocks for the DB detector, a layout build's are Chromium-laid documents; a
+    # user sets them per build, and neither build reads the other's.
+    "train_pages": {
+        "OcrDataConfig": "text-detection page images in an OCR build's train split",
+        "LayoutDataConfig": "Chromium-laid document pages in a layout build's train split",
+    },
+    "test_pages": {
+        "OcrDataConfig": "text-detection page images in an OCR build's test split",
+        "LayoutDataConfig": "Chromium-laid document pages in a layout build's test split",
+    },
+    "fonts": {
+        "OcrDataConfig": "catalogue fonts Pillow draws an OCR build's lines and pages in",
+        "LayoutDataConfig": "catalogue fonts a layout build's pages are set in (as CSS @font-face)",
+    },
+    "held_out_fonts": {
+        "OcrDataConfig": "fonts drawn only into an OCR build's test split",
+        "LayoutDataConfig": "fonts set only into a layout build's test pages",
+    },
+    "page_size": {
+        "OcrDataConfig": "an OCR page image's size before augmentation",
+        "LayoutDataConfig": "the browser viewport a layout page is laid out in",
+    },
+    "file_quality": {
+        "OcrDataConfig": "the JPEG quality an OCR build's images are saved at",
+        "LayoutDataConfig": "the JPEG quality a layout build's scanned pages are saved at",
     },
 }
 
@@ -162,7 +193,7 @@ def test_every_flag_of_every_verb_comes_from_its_config(verbs):
     from sampan.store.models import RECIPE_NAMES
 
     handlers = {p.prog.removeprefix("sampan ") for p in verbs if p.get_default("func") is not None}
-    actions = {"data": ["build", "build-chat", "build-ocr", "fetch"], "hub": ["list", "evaluate", *(f"build {r}" for r in RECIPE_NAMES)],
+    actions = {"data": ["build", "build-chat", "build-layout", "build-ocr", "fetch"], "hub": ["list", "evaluate", *(f"build {r}" for r in RECIPE_NAMES)],
                "bench": ["comm"]}
     assert handlers == {f"{verb} {action}" if verb in actions else verb for verb in COMMANDS
                         for action in actions.get(verb, [""])} | {f"{v} {a}" for v in actions for a in actions[v]}
