@@ -72,7 +72,7 @@ def check_browser() -> None:
         import playwright.sync_api  # noqa: F401 - only whether it imports
     except ImportError as e:  # it comes with sampan's dev extra (`make setup-dev`)
         raise ImportError("the playwright package drives Chromium and is not installed: `pip install "
-                          "'playwright>=1.65.2'` or `make setup-dev` (no browser download: sampan drives "
+                          "'sampan[layout]'` (or 'playwright>=1.65.2') (no browser download: sampan drives "
                           f"{CHROMIUM})") from e
 
 
