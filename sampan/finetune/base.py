@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 
 from sampan.models.ernie.config import ErnieConfig
 from sampan.models.pretrained import CONFIG_NAME, WEIGHTS_NAME, read_config
+from sampan.models.weight_files import iter_tensors
 from sampan.text.features import FEATURE_NAMES, CharFeatures
 from sampan.text.tokenizer import PAD_ID, ChineseTokenizer
 
@@ -132,7 +132,7 @@ def load_base(model: str, train_texts: Iterable[str] | None = None, vocab_size: 
         if not weights_file.is_file():
             raise FileNotFoundError(f"{weights_file} not found (a base directory holds config.json + "
                                     "model.safetensors from save_pretrained)")
-        raw = load_file(str(weights_file))
+        raw = dict(iter_tensors([weights_file]))  # dequantizes an int8-stored base
         prefix = "ernie." if arch == "ErnieModel" else ""  # a bare encoder's names lack the task models' prefix
         weights = {prefix + k: (v.float() if v.is_floating_point() else v) for k, v in raw.items()}
         return BaseModel(config, tokenizer, path, features, names, weights, model)

@@ -7,6 +7,12 @@ Tensors stream one file at a time (a 405B checkpoint never sits in memory twice)
 
 Write: ``model.safetensors`` when everything fits under ``max_shard_size``, else
 ``model-00001-of-0000N.safetensors`` shards and the index, as ``transformers`` writes them.
+
+Int8 storage (``quantize_file``): the model store keeps large shipped models' matrices as int8 with
+one fp16 scale per row (symmetric, weight-only: what LLM.int8's and GPTQ's weight-only baselines call
+per-channel absmax), half fp16's bytes. Reading dequantizes to fp16 transparently, so every loader
+sees ordinary tensors; the file says so in its header (``QUANT_KEY``) and nothing else reads the
+scales. Vectors (biases, norms) stay fp16: they are few bytes and quantize badly.
 """
 
 from __future__ import annotations
@@ -28,6 +34,9 @@ PICKLE_INDEX = "pytorch_model.bin.index.json"
 # In order of preference.
 WEIGHT_FILES = (SAFETENSORS, SAFETENSORS_INDEX, PICKLE_BIN, PICKLE_INDEX)
 DEFAULT_MAX_SHARD_SIZE = "5GB"
+QUANT_KEY, INT8_ROWWISE = "sampan_quantization", "int8-rowwise"
+SCALE_SUFFIX = ".__int8_row_scale__"  # a suffix no module attribute can have
+_MIN_QUANT_ROWS = 16  # smaller matrices (type embeddings, tiny heads) are not worth a scale each
 
 _SAFETENSORS_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
@@ -89,13 +98,17 @@ def _load_pickle_file(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def _quantized(f) -> bool:
+    return (f.metadata() or {}).get(QUANT_KEY) == INT8_ROWWISE
+
+
 def tensor_names(files: list[Path]) -> set[str]:
     """Every tensor name in ``files``, without reading the safetensors data."""
     names: set[str] = set()
     for path in files:
         if path.suffix == ".safetensors":
             with safe_open(str(path), framework="pt") as f:
-                names.update(f.keys())
+                names.update(k for k in f.keys() if not k.endswith(SCALE_SUFFIX))
         else:
             names.update(_load_pickle_file(path))
     return names
@@ -106,10 +119,63 @@ def iter_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
     for path in files:
         if path.suffix == ".safetensors":
             with safe_open(str(path), framework="pt") as f:
+                quantized = _quantized(f)
+                keys = set(f.keys())
                 for name in f.keys():
-                    yield name, f.get_tensor(name)
+                    if name.endswith(SCALE_SUFFIX):
+                        continue
+                    tensor = f.get_tensor(name)
+                    if quantized and name + SCALE_SUFFIX in keys:
+                        tensor = dequantize_int8(tensor, f.get_tensor(name + SCALE_SUFFIX))
+                    yield name, tensor
         else:
             yield from _load_pickle_file(path).items()
+
+
+def quantize_int8(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(int8 values, fp16 scale per row)`` of a 2-D float tensor: symmetric absmax per row, so
+    ``values * scale`` is within half a step (``scale / 2``) of every entry. A zero row keeps scale 1."""
+    if tensor.ndim != 2 or not tensor.is_floating_point():
+        raise ValueError(f"int8 row-wise quantization takes a 2-D float tensor, got {tuple(tensor.shape)} {tensor.dtype}")
+    absmax = tensor.float().abs().amax(dim=1, keepdim=True)
+    scale = torch.where(absmax > 0, absmax / 127.0, torch.ones_like(absmax)).half()
+    values = torch.round(tensor.float() / scale.float()).clamp(-127, 127).to(torch.int8)
+    return values, scale
+
+
+def dequantize_int8(values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """fp16 weights back from ``quantize_int8``'s values and per-row scales."""
+    if values.dtype != torch.int8 or scale.shape != (values.shape[0], 1):
+        raise ValueError(f"an int8 row-wise tensor is int8 [rows, cols] with an fp16 [rows, 1] scale; got "
+                         f"{values.dtype} {tuple(values.shape)} and {tuple(scale.shape)}")
+    return (values.float() * scale.float()).half()
+
+
+def quantize_file(path: str | os.PathLike) -> dict[str, int]:
+    """Rewrite one safetensors file with its float matrices as int8 + a fp16 scale per row (other
+    float tensors in fp16), atomically; returns ``{"quantized", "bytes_before", "bytes_after"}``."""
+    from safetensors.torch import load_file
+
+    from sampan.utils.atomic import atomic_path
+
+    path = Path(path)
+    with safe_open(str(path), framework="pt") as f:
+        meta = dict(f.metadata() or {})
+    if meta.get(QUANT_KEY) == INT8_ROWWISE:
+        raise ValueError(f"{path} is already int8 row-wise quantized")
+    before = load_file(str(path))
+    out: dict[str, torch.Tensor] = {}
+    quantized = 0
+    for name, tensor in before.items():
+        if tensor.is_floating_point() and tensor.ndim == 2 and tensor.shape[0] >= _MIN_QUANT_ROWS:
+            out[name], out[name + SCALE_SUFFIX] = quantize_int8(tensor)
+            quantized += 1
+        else:
+            out[name] = tensor.half() if tensor.is_floating_point() else tensor
+    with atomic_path(path) as tmp:
+        save_file(out, str(tmp), metadata={"format": "pt", **meta, QUANT_KEY: INT8_ROWWISE})
+    return {"quantized": quantized, "bytes_before": sum(_nbytes(t) for t in before.values()),
+            "bytes_after": sum(_nbytes(t) for t in out.values())}
 
 
 def stored_float_dtype(files: list[Path]) -> torch.dtype | None:
@@ -117,6 +183,8 @@ def stored_float_dtype(files: list[Path]) -> torch.dtype | None:
     for path in files:
         if path.suffix == ".safetensors":
             with safe_open(str(path), framework="pt") as f:
+                if _quantized(f):
+                    return torch.float16  # what reading dequantizes to
                 for name in f.keys():
                     mapped = _SAFETENSORS_DTYPES.get(f.get_slice(name).get_dtype())
                     if mapped is not None:
