@@ -88,35 +88,19 @@ class Detector(Layer):
 
     def anchor_points(self, height: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Centres ``(n, 2)`` (x, y pixels) and strides ``(n,)`` of the anchors for an input size."""
-        points, strides = [], []
-        for s in self.config.strides:
-            ys, xs = torch.meshgrid(torch.arange(-(-height // s)), torch.arange(-(-width // s)), indexing="ij")
-            p = (torch.stack([xs.flatten(), ys.flatten()], 1).float() + 0.5) * s
-            points.append(p)
-            strides.append(torch.full((p.shape[0],), float(s)))
-        return torch.cat(points), torch.cat(strides)
+        return anchor_points(self.config, height, width)
 
     def boxes_from_reg(self, reg_logits: torch.Tensor, points: torch.Tensor, strides: torch.Tensor) -> torch.Tensor:
         """Boxes ``(..., n, 4)`` x0,y0,x1,y1 from DFL logits: each side is the expected bin times the stride."""
-        bins = torch.arange(self.config.reg_max + 1, dtype=reg_logits.dtype)
-        dist = (reg_logits.unflatten(-1, (4, -1)).softmax(-1) * bins).sum(-1) * strides[:, None]
-        return torch.cat([points - dist[..., :2], points + dist[..., 2:]], -1)
+        return boxes_from_reg(self.config, reg_logits, points, strides)
 
     @torch.no_grad()
     def decode(self, cls_logits: torch.Tensor, reg_logits: torch.Tensor, height: int, width: int,
                score_threshold: float = 0.3, iou_threshold: float = 0.6, max_detections: int = 100) -> list[dict]:
         """Detections of ONE image's raw outputs ``(n, c)``, ``(n, 4*(reg_max+1))``: class-aware NMS,
         boxes in input pixels. Returns ``[{"label", "class_id", "score", "box"}]`` best first."""
-        points, strides = self.anchor_points(height, width)
-        boxes = self.boxes_from_reg(reg_logits, points, strides)
-        boxes[:, 0::2] = boxes[:, 0::2].clamp(0, width)
-        boxes[:, 1::2] = boxes[:, 1::2].clamp(0, height)
-        scores = cls_logits.sigmoid()
-        anchor, cls = (scores > score_threshold).nonzero(as_tuple=True)
-        keep = batched_nms(boxes[anchor], scores[anchor, cls], cls, iou_threshold)[:max_detections]
-        return [{"label": self.config.class_names[int(cls[k])], "class_id": int(cls[k]),
-                 "score": float(scores[anchor[k], cls[k]]), "box": [float(v) for v in boxes[anchor[k]]]}
-                for k in keep]
+        return decode(self.config, cls_logits, reg_logits, height, width, score_threshold, iou_threshold,
+                      max_detections)
 
     @torch.no_grad()
     def predict(self, image, score_threshold: float = 0.3, iou_threshold: float = 0.6) -> list[dict]:
@@ -124,16 +108,14 @@ class Detector(Layer):
         x0,y0,x1,y1 in the image's own pixels, best first."""
         from PIL import Image
 
-        from sampan.vision.detection.letterbox import letterbox
+        from sampan.vision.detection.letterbox import letterbox_pixels
 
         image = Image.open(image) if isinstance(image, (str, os.PathLike)) else image
         size = self.config.input_size
-        tensor, _, scale = letterbox(image, [], size)
-        cls, reg = self(tensor[None])
+        pixels, scale = letterbox_pixels(image, size)
+        cls, reg = self(torch.from_numpy(pixels)[None])
         found = self.decode(cls[0], reg[0], size, size, score_threshold, iou_threshold)
-        for d in found:
-            d["box"] = [min(v / scale, image.width if i % 2 == 0 else image.height) for i, v in enumerate(d["box"])]
-        return found
+        return to_image_pixels(found, scale, image.width, image.height)
 
     def save_pretrained(self, directory: str | os.PathLike):
         """Write the model directory (config.json + model.safetensors)."""
@@ -145,3 +127,50 @@ class Detector(Layer):
         model = cls(load_config(DetectorConfig, MODEL_TYPE, directory))
         load_weights(model, directory)
         return model.eval()
+
+
+# -- decoding outside the network: the eager model and the exported one's predictor share it ---------
+def anchor_points(config: DetectorConfig, height: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Centres ``(n, 2)`` (x, y pixels) and strides ``(n,)`` of a detector's anchors for an input size,
+    in the order of the network's outputs (levels in stride order, row-major within a level)."""
+    points, strides = [], []
+    for s in config.strides:
+        ys, xs = torch.meshgrid(torch.arange(-(-height // s)), torch.arange(-(-width // s)), indexing="ij")
+        p = (torch.stack([xs.flatten(), ys.flatten()], 1).float() + 0.5) * s
+        points.append(p)
+        strides.append(torch.full((p.shape[0],), float(s)))
+    return torch.cat(points), torch.cat(strides)
+
+
+def boxes_from_reg(config: DetectorConfig, reg_logits: torch.Tensor, points: torch.Tensor,
+                   strides: torch.Tensor) -> torch.Tensor:
+    """Boxes ``(..., n, 4)`` x0,y0,x1,y1 from DFL logits: each side is the expected bin times the stride."""
+    bins = torch.arange(config.reg_max + 1, dtype=reg_logits.dtype)
+    dist = (reg_logits.unflatten(-1, (4, -1)).softmax(-1) * bins).sum(-1) * strides[:, None]
+    return torch.cat([points - dist[..., :2], points + dist[..., 2:]], -1)
+
+
+@torch.no_grad()
+def decode(config: DetectorConfig, cls_logits: torch.Tensor, reg_logits: torch.Tensor, height: int, width: int,
+           score_threshold: float = 0.3, iou_threshold: float = 0.6, max_detections: int = 100) -> list[dict]:
+    """Detections of ONE image's raw outputs ``(n, c)``, ``(n, 4*(reg_max+1))`` (a ``Detector``'s or
+    its export's): class-aware NMS, boxes in input pixels. Returns ``[{"label", "class_id", "score",
+    "box"}]`` best first."""
+    points, strides = anchor_points(config, height, width)
+    boxes = boxes_from_reg(config, reg_logits, points, strides)
+    boxes[:, 0::2] = boxes[:, 0::2].clamp(0, width)
+    boxes[:, 1::2] = boxes[:, 1::2].clamp(0, height)
+    scores = cls_logits.sigmoid()
+    anchor, cls = (scores > score_threshold).nonzero(as_tuple=True)
+    keep = batched_nms(boxes[anchor], scores[anchor, cls], cls, iou_threshold)[:max_detections]
+    return [{"label": config.class_names[int(cls[k])], "class_id": int(cls[k]),
+             "score": float(scores[anchor[k], cls[k]]), "box": [float(v) for v in boxes[anchor[k]]]}
+            for k in keep]
+
+
+def to_image_pixels(found: list[dict], scale: float, width: int, height: int) -> list[dict]:
+    """Detections on the letterboxed input moved back to the image's own pixels (divided by the
+    letterbox ``scale``, clipped to the ``width`` x ``height`` image), in place; returns them."""
+    for d in found:
+        d["box"] = [min(v / scale, width if i % 2 == 0 else height) for i, v in enumerate(d["box"])]
+    return found
