@@ -5,7 +5,8 @@ Taskflow("ocr") on clean rendered pages (true regions: what OCR alone costs).
 
 Cost on this 2-core machine: the hand-made checks < 1 s; the rendered pages (3 built once for the
 module, Chromium) ~6 s; the real-OCR check (marked slow) ~10-15 s once the OCR models' ONNX export is
-cached (its first run exports them, ~50 s).
+cached (its first run exports them, ~50 s). On a machine starved by other jobs (load ~10 on 2 cores)
+the rendered pages took ~135 s and the real-OCR check ran past the suite's 600 s timeout.
 """
 
 from __future__ import annotations
@@ -339,7 +340,7 @@ def test_upper_bound_true_regions_with_real_ocr(rendered):
     from sampan.taskflow import Taskflow
 
     root, pages = rendered
-    clean = [p for p in pages if not p["scanned"]][:2]
+    clean = [p for p in pages if not p["scanned"]][:1]
     assert clean, "the fixture's seed should give at least one clean page"
     ocr = Taskflow("ocr", num_threads=1)
     edits = chars = 0
