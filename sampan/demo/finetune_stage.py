@@ -7,10 +7,13 @@ also makes it faster) but for a few minutes, so the model a newcomer sees is not
 the same output whatever its input, measured by ``output_similarity``), and then the stage also
 fine-tunes the shipped base and serves the better of the two on dev.
 
-Then: ``jit.save`` export (ONNX + .pt2) -> ``Taskflow("sentiment_analysis", model=...)`` on the ONNX
-predictor answers a few clear reviews, and one line prints the held-out accuracy next to the char
-1-3-gram TF-IDF + logistic regression baseline's (``sampan.hub.sentiment_ensemble.fit_ngram``,
-fitted on the same training split, scored on the same test reviews). The shipped
+Then: ``jit.save`` export (ONNX + .pt2); the char 1-3-gram TF-IDF + logistic regression is fitted
+on the fine-tune's training split and attached to the served model with its weight picked on the
+fine-tune's dev reviews (``sampan.hub.sentiment_ensemble.attach_ngram``, exactly as the shipped
+ernie-tiny-sentiment is built), so ``Taskflow("sentiment_analysis", model=...)`` on the ONNX
+predictor answers with the average of both in one call. One line prints the held-out accuracy of
+that ensemble, of the ERNIE alone and of the TF-IDF + LR alone (the baseline), all on the
+fine-tune's own test reviews. The served model answers a few clear reviews, and the shipped
 ``Taskflow("sentiment_analysis")`` answers the same reviews last.
 """
 
@@ -53,8 +56,10 @@ class FinetuneStageConfig:
         base: "shipped" fine-tunes the shipped ernie-tiny-zh; "own" fine-tunes the ERNIE stage's model.
         finetune: the fine-tune (``sampan finetune``); its base is set by ``base`` and its output
             ``<stage dir>/model``.
-        baseline: the char n-gram TF-IDF + logistic regression fitted on the same training split and
-            scored on the same test reviews (``enabled`` False skips it).
+        baseline: the char n-gram TF-IDF + logistic regression fitted on the fine-tune's training
+            split: the baseline the line of figures compares with, and the half of the served model
+            that is averaged with the ERNIE (weight picked on dev). ``enabled`` False serves the
+            ERNIE alone and prints no baseline.
         compare_with_shipped: with base "own", when the stage-1 ERNIE is collapsed (it gives the same
             output whatever its input), also fine-tune the shipped ernie-tiny-zh the same way and
             serve the better of the two on dev.
@@ -91,24 +96,13 @@ def _finetune(cfg: FinetuneConfig, base: str, out: Path, log: Callable[[str], No
     return result
 
 
-def _baseline_accuracy(cfg: FinetuneConfig, ngram: NgramEnsembleConfig, log: Callable[[str], None]) -> float:
-    """The TF-IDF + LR baseline's accuracy on the fine-tune's own test reviews: the same split
-    (``load_task_data`` with the fine-tune's arguments), fitted on its training reviews, C on its dev."""
+def _task_data(cfg: FinetuneConfig):
+    """The fine-tune's own splits: ``load_task_data`` with the fine-tune's arguments (its capped dev
+    and test reviews included), so the n-gram model and the figures use the reviews it used."""
     from sampan.finetune.data import load_task_data
-    from sampan.hub.sentiment_ensemble import fit_ngram
 
-    data = load_task_data(cfg.task, cfg.data, cfg.max_length, cfg.dev_fraction, cfg.training.seed,
+    return load_task_data(cfg.task, cfg.data, cfg.max_length, cfg.dev_fraction, cfg.training.seed,
                           cfg.max_train_examples, cfg.max_eval_examples, cfg.silver_corpora, cfg.silver_max_sentences)
-    log(f"baseline: char 1-{ngram.ngram_max}-gram TF-IDF + logistic regression on the same {len(data.train):,} "
-        f"training reviews (C picked on {len(data.dev):,} dev reviews)")
-    fitted, _, _ = fit_ngram(ngram, [e.text for e in data.train], [e.label for e in data.train],
-                             [e.text for e in data.dev], [e.label for e in data.dev])
-    classes = list(fitted.classes)
-    positive = fitted.predict_proba([e.text for e in data.test])
-    if classes.index("positive") != 1:
-        positive = 1.0 - positive
-    right = [(p > 0.5) == (e.label == "positive") for p, e in zip(positive, data.test, strict=True)]
-    return float(sum(right)) / len(right)
 
 
 def run_finetune_stage(cfg: FinetuneStageConfig, own_base: str, stage_dir: str | Path, collapsed: bool = False,
@@ -132,22 +126,37 @@ def run_finetune_stage(cfg: FinetuneStageConfig, own_base: str, stage_dir: str |
         if reference.dev_metrics["accuracy"] > own.dev_metrics["accuracy"]:
             result = reference
             log("finetune: exporting and serving the model fine-tuned from the shipped base (better on dev)")
-    accuracy = result.metrics["accuracy"]
-    baseline = _baseline_accuracy(cfg.finetune, cfg.baseline, log) if cfg.baseline.enabled else None
-    log(f"held-out accuracy on {result.data_sizes['test']} test reviews: sampan {accuracy:.3f}"
-        + (f"  TF-IDF+LR baseline {baseline:.3f}" if baseline is not None else ""))
-
     start = time.perf_counter()
     # Taskflow exports the model on first use: jit.save -> ONNX + .pt2 (checked
     # against eager at several shapes), then opens the ONNX file in the predictor.
-    flow = Taskflow("sentiment_analysis", model=str(result.output_dir))
-    loaded = flow.task.loaded
+    loaded = Taskflow("sentiment_analysis", model=str(result.output_dir)).task.loaded
     log(f"export: jit.save -> {loaded.inference_dir} (inference.onnx + inference.pt2, "
         f"{time.perf_counter() - start:.0f} s)")
+    figures = None
+    if cfg.baseline.enabled:
+        from sampan.hub.sentiment_ensemble import attach_ngram
+
+        # The n-gram half of the served model, as the shipped recipe builds it, on the fine-tune's
+        # own splits: the figures then come from the same test reviews as the fine-tune's.
+        figures = attach_ngram(Path(result.output_dir), cfg.baseline, log, data=_task_data(cfg.finetune))
+        accuracy = figures["test_accuracy"]
+        log(f"held-out accuracy on the fine-tune's {figures['test_examples']} test reviews: sampan (ERNIE + n-gram, "
+            f"weight {figures['ngram_weight']:.2f}) {accuracy:.3f}  ERNIE alone {figures['ernie_test_accuracy']:.3f}  "
+            f"TF-IDF+LR baseline {figures['ngram_test_accuracy']:.3f}")
+        what = "ERNIE + n-gram"
+    else:
+        accuracy = result.metrics["accuracy"]
+        log(f"held-out accuracy on the fine-tune's {result.data_sizes['test']} test reviews: sampan {accuracy:.3f}")
+        what = "ERNIE"
+
+    # Opened after attach_ngram wrote the n-gram model and its weight beside the ERNIE, so one
+    # call answers with the ensemble (the export is cached by now).
+    flow = Taskflow("sentiment_analysis", model=str(result.output_dir))
+    loaded = flow.task.loaded
     examples = list(EXAMPLES)
     answers = flow(examples)
     # Labelled as the demo's: a few minutes of training, not the shipped model.
-    own_label = f"the demo's {steps}-step model, {accuracy:.1%} on held-out reviews"
+    own_label = f"the demo's {steps}-step {what}, {accuracy:.1%} on held-out reviews"
     for row in answers:
         log(f"taskflow ({own_label}): {row}")
     log(f"taskflow: ran on {type(loaded.predictor).__name__} over {loaded.predictor.model_path}")
@@ -155,7 +164,9 @@ def run_finetune_stage(cfg: FinetuneStageConfig, own_base: str, stage_dir: str |
     return {"metrics": result.metrics, "trainable_parameters": result.trainable_parameters,
             "total_parameters": result.total_parameters, "export_dir": str(loaded.inference_dir),
             "answers": answers, "own_base_metrics": own.metrics, "served": str(result.output_dir),
-            "baseline_accuracy": baseline, "test_examples": result.data_sizes["test"], "shipped_answers": shipped}
+            "accuracy": accuracy, "ensemble": figures,
+            "baseline_accuracy": figures["ngram_test_accuracy"] if figures else None,
+            "test_examples": result.data_sizes["test"], "shipped_answers": shipped}
 
 
 def _shipped_answers(examples: list[str], log: Callable[[str], None]) -> list[dict[str, Any]]:

@@ -22,12 +22,15 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from sampan.store.model_dir import TASK_FILE, ModelDir
 from sampan.store.models import CARD_NAME
+
+if TYPE_CHECKING:
+    from sampan.finetune.data import TaskData
 
 
 @dataclasses.dataclass
@@ -118,12 +121,14 @@ def pick_weight(ernie: np.ndarray, ngram: np.ndarray, gold: np.ndarray, steps: i
 
 
 def attach_ngram(model_dir: Path, cfg: NgramEnsembleConfig, log: Callable[[str], None] = print,
-                 ernie_model: str | Path | None = None) -> dict[str, Any]:
+                 ernie_model: str | Path | None = None, data: TaskData | None = None) -> dict[str, Any]:
     """Fit the n-gram model on ``model_dir``'s training split, write it into ``model_dir`` with the
     dev-picked weight in its ``task.json``, and return the figures (``ngram_*``, ``ensemble_*``).
 
     ``ernie_model``: the directory of the fine-tuned ERNIE that scores dev and test (default
-    ``model_dir``; during a build, the fine-tune's own output, whose base path resolves)."""
+    ``model_dir``; during a build, the fine-tune's own output, whose base path resolves).
+    ``data``: the splits to fit, weigh and score on (default: the built-in reviews' full split at
+    the model's ``max_length`` and seed); the demo passes its fine-tune's own, capped ones."""
     from sampan.finetune.data import load_task_data
     from sampan.taskflow import Taskflow
     from sampan.text.ngram_classifier import NgramClassifier
@@ -135,7 +140,8 @@ def attach_ngram(model_dir: Path, cfg: NgramEnsembleConfig, log: Callable[[str],
                          f"{(meta or {}).get('task')!r}); the n-gram ensemble is for sentiment_analysis")
     if meta.get("data", "builtin") != "builtin":
         raise ValueError(f"{model_dir} was fine-tuned on {meta['data']!r}; the n-gram step fits the built-in reviews")
-    data = load_task_data("sentiment_analysis", "builtin", meta["max_length"], seed=meta.get("seed", 0))
+    if data is None:
+        data = load_task_data("sentiment_analysis", "builtin", meta["max_length"], seed=meta.get("seed", 0))
     train, dev, test = data.train, data.dev, data.test
     log(f"hub: fitting the char 1-{cfg.ngram_max}-gram TF-IDF + logistic regression on {len(train):,} training "
         f"reviews (max_features {cfg.max_features or 'all'}, min_df {cfg.min_df}; C on {len(dev):,} dev reviews)")
