@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from sampan.taskflow.chat import Chat
+from sampan.taskflow.document import Document
 from sampan.taskflow.fill_mask import FillMask
 from sampan.taskflow.generation import PoetryGeneration, TextGeneration
+from sampan.taskflow.layout import Layout
 from sampan.taskflow.ner import NER
 from sampan.taskflow.ocr import OCR
 from sampan.taskflow.segmentation import WordSegmentation
@@ -12,7 +14,8 @@ from sampan.taskflow.sentiment import SentimentAnalysis
 from sampan.taskflow.task import Task
 
 TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (
-    SentimentAnalysis, NER, WordSegmentation, TextGeneration, PoetryGeneration, FillMask, Chat, OCR)}
+    SentimentAnalysis, NER, WordSegmentation, TextGeneration, PoetryGeneration, FillMask, Chat, OCR, Layout,
+    Document)}
 
 
 def task_class(name: str) -> type[Task]:
