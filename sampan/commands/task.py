@@ -19,7 +19,9 @@ class TaskOptions:
     Fields:
         task: task name (sampan task --list shows them).
         texts: texts (default: read lines from stdin); for ocr, image files (one JSON line each:
-            {"image": PATH, "lines": [{"text", "score", "box"}, ...]}).
+            {"image": PATH, "lines": [{"text", "score", "box"}, ...]}); for layout, image files ({"image":
+            PATH, "regions": [{"label", "score", "box"}, ...]}); for document, image files (their Markdown,
+            pages separated by a blank line: sampan task document page.png > page.md).
         model: a store model name or directory (default: the task's).
         batch_size: texts per model call.
         max_length: tokens per text the model sees; longer ones are truncated with a warning (ner
@@ -31,7 +33,8 @@ class TaskOptions:
             --option backend=torch runs the .pt2 on the GPU torch sees.
         options: a task option, KEY=VALUE (repeatable): max_new_tokens, min_new_tokens,
             temperature, top_k, repetition_penalty, seed (generation); line_chars, lines
-            (poetry); top_k (fill_mask); det_model, rec_model, box_thresh, drop_score, max_pixels (ocr).
+            (poetry); top_k (fill_mask); det_model, rec_model, box_thresh, drop_score, max_pixels (ocr);
+            score_threshold, iou_threshold (layout).
         list_tasks: list the tasks and their models (--list).
     """
 
@@ -80,8 +83,14 @@ def run(args: argparse.Namespace) -> int:
     if getattr(flow.task, "takes_images", False):
         if not texts:
             raise ValueError(f"{cfg.task} reads images: name the image files, e.g. sampan task {cfg.task} page.png")
-        for path, lines in zip(texts, flow(texts), strict=True):
-            print(json.dumps({"image": path, "lines": lines}, ensure_ascii=False))
+        results = flow(texts)
+        if getattr(flow.task, "prints_markdown", False):  # document: the Markdown itself, `> page.md`
+            for i, result in enumerate(results):
+                sys.stdout.write(("\n" if i else "") + result["markdown"].rstrip("\n") + "\n")
+            return 0
+        key = getattr(flow.task, "result_key", "lines")  # ocr: "lines"; layout: "regions"
+        for path, result in zip(texts, results, strict=True):
+            print(json.dumps({"image": path, key: result}, ensure_ascii=False))
         return 0
     for result in flow(texts):
         print(json.dumps(result, ensure_ascii=False))
@@ -93,9 +102,11 @@ def register(subparsers) -> None:
                                  description="Run a task through the inference predictor and print one JSON line "
                                              "per text, e.g. sampan task sentiment_analysis 这家餐厅的服务非常棒",
                                  epilog="tasks: sentiment_analysis, ner, word_segmentation, text_generation, "
-                                        "poetry_generation, fill_mask, ocr (its arguments are image files). "
+                                        "poetry_generation, fill_mask, ocr, layout and document (their arguments are image "
+                                        "files). "
                                         "Examples: sampan task poetry_generation 春 --option line_chars=5 --option "
-                                        "seed=1; sampan task ocr page.png scan.jpg")
+                                        "seed=1; sampan task ocr page.png scan.jpg; sampan task layout page.png; "
+                                        "sampan task document page.png > page.md")
     from sampan.utils.flags import add_dataclass_args
 
     add_dataclass_args(task, TaskOptions, positional={"task": "?", "texts": "*"}, flags={"options": ("--option",), "list_tasks": ("--list",)},

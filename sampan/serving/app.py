@@ -1,6 +1,6 @@
 """``create_app``: the FastAPI application serving tasks and exported models.
 
-Endpoints: ``POST /v1/tasks/{task}`` (``/v1/tasks/ocr`` takes images), ``POST /v1/models/{name}/predict``, ``GET /v1/tasks``,
+Endpoints: ``POST /v1/tasks/{task}`` (``/v1/tasks/ocr``, ``/layout`` and ``/document`` take images), ``POST /v1/models/{name}/predict``, ``GET /v1/tasks``,
 ``GET /healthz``, ``GET /metrics`` (Prometheus), ``GET /openapi.json`` and the demo page at ``/``;
 with a chat model also OpenAI's ``/v1/chat/completions``, ``/v1/completions`` and ``/v1/models``
 (``openai_api.py``, continuous batching in ``chat_engine.py``).
@@ -28,7 +28,9 @@ from sampan.serving.metrics import ServingMetrics
 from sampan.serving.middleware import LimitsAndMetricsMiddleware
 from sampan.serving.models import ServedModel
 from sampan.serving.schemas import (
+    DocumentResponse,
     ErrorResponse,
+    LayoutResponse,
     ModelRequest,
     ModelResponse,
     OcrRequest,
@@ -37,6 +39,9 @@ from sampan.serving.schemas import (
     TaskResponse,
 )
 from sampan.serving.tasks import (
+    DOCUMENT_TASK,
+    IMAGE_TASKS,
+    LAYOUT_TASK,
     OCR_TASK,
     ServedTask,
     TaskCallable,
@@ -169,24 +174,33 @@ def create_app(tasks: Sequence[str] | Mapping[str, TaskCallable] = (), model_dir
                 "chat_model": chat.info() if chat is not None else None,
                 "limits": limits.to_dict()}
 
-    if OCR_TASK in served_tasks:
+    def image_route(name: str, response_model: Any, summary: str) -> None:
         # Before /v1/tasks/{task}, which it overrides: images come as base64 JSON (the shape every task
         # endpoint and the demo page's fetch send) or as the raw file (curl --data-binary, no multipart
         # parser needed); decoded on a worker thread, not the event loop.
-        @app.post(f"/v1/tasks/{OCR_TASK}", response_model=OcrResponse, responses=_ERRORS,
-                  summary="read the text lines of images (base64 JSON, or one image file as the body)",
+        @app.post(f"/v1/tasks/{name}", response_model=response_model, responses=_ERRORS, summary=summary,
+                  name=f"run_{name}",
                   openapi_extra={"requestBody": {"required": True, "content": {
                       "application/json": {"schema": OcrRequest.model_json_schema()},
                       "image/*": {"schema": {"type": "string", "format": "binary"}}}}})
-        async def run_ocr(request: Request) -> dict:
+        async def run_images(request: Request) -> dict:
             body = await request.body()
             images = await run_in_threadpool(parse_image_request, request.headers.get("content-type", ""), body,
-                                             limits)
+                                             limits, name)
             try:
-                outputs = await task_batchers[OCR_TASK].submit(images, len(images), limits.request_timeout_s)
+                outputs = await task_batchers[name].submit(images, len(images), limits.request_timeout_s)
             except Exception as error:  # noqa: BLE001 - mapped to a 4xx / 5xx JSON answer
-                raise to_serving_error(error, OCR_TASK) from None
-            return {"task": OCR_TASK, "outputs": outputs}
+                raise to_serving_error(error, name) from None
+            return {"task": name, "outputs": outputs}
+
+    for name, response_model, summary in (
+            (OCR_TASK, OcrResponse, "read the text lines of images (base64 JSON, or one image file as the body)"),
+            (LAYOUT_TASK, LayoutResponse, "find the layout regions of page images, in reading order (base64 JSON, "
+                                          "or one image file as the body)"),
+            (DOCUMENT_TASK, DocumentResponse, "turn page images into Markdown (layout + OCR; base64 JSON, or one "
+                                              "image file as the body)")):
+        if name in served_tasks:
+            image_route(name, response_model, summary)
 
     @app.post("/v1/tasks/{task}", response_model=TaskResponse, responses=_ERRORS,
               summary="run a task on a list of texts (dynamically batched with concurrent requests)")
@@ -220,7 +234,8 @@ def create_app(tasks: Sequence[str] | Mapping[str, TaskCallable] = (), model_dir
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     app.add_middleware(LimitsAndMetricsMiddleware, max_body_bytes=limits.max_body_bytes, metrics=metrics,
-                       path_limits={f"/v1/tasks/{OCR_TASK}": (limits.max_image_bytes, "max_image_bytes")})
+                       path_limits={f"/v1/tasks/{name}": (limits.max_image_bytes, "max_image_bytes")
+                                    for name in IMAGE_TASKS})
     return app
 
 

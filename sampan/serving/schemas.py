@@ -44,6 +44,27 @@ class OcrResponse(BaseModel):
     outputs: list[list[OcrLine]] = Field(description="per image, its lines in reading order ([] for no text)")
 
 
+class LayoutRegion(BaseModel):
+    label: str = Field(description="the region's class (CDLA's: text, title, figure, figure_caption, table, "
+                                   "table_caption, header, footer, reference, equation)")
+    score: float = Field(description="detection confidence, 0-1")
+    box: list[float] = Field(description="x0, y0, x1, y1 in image pixels")
+
+
+class LayoutResponse(BaseModel):
+    task: str
+    outputs: list[list[LayoutRegion]] = Field(description="per image, its regions in reading order ([] for none)")
+
+
+class DocumentPage(BaseModel):
+    markdown: str = Field(description="the page as Markdown (headings, paragraphs, tables, figure placeholders)")
+
+
+class DocumentResponse(BaseModel):
+    task: str
+    outputs: list[DocumentPage] = Field(description="per image, its Markdown")
+
+
 class ModelRequest(BaseModel):
     """``POST /v1/models/{name}/predict``: one nested list per model input; dim 0 is the batch."""
 

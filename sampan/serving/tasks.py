@@ -96,14 +96,18 @@ def validate_texts(inputs: list[str], *, max_inputs: int, max_chars: int) -> Non
                                                      f"limit of {max_chars} (max_text_chars); shorten it")
 
 
-# -- images (/v1/tasks/ocr) -------------------------------------------------------------------------
+# -- images (/v1/tasks/ocr, /v1/tasks/layout, /v1/tasks/document) ------------------------------------
 OCR_TASK = "ocr"
+LAYOUT_TASK = "layout"
+DOCUMENT_TASK = "document"
+IMAGE_TASKS = (OCR_TASK, LAYOUT_TASK, DOCUMENT_TASK)  # tasks whose inputs are uploaded images
 _OCR_EXAMPLE = ('send JSON {"inputs": ["<base64 of the image file>"]} with Content-Type: application/json, or the '
                 "image file itself with Content-Type: image/png (image/jpeg, ...)")
 
 
-def parse_image_request(content_type: str, body: bytes, limits: Any) -> list:
-    """The decoded RGB images of one ``/v1/tasks/ocr`` request, or a 4xx ``ServingError``.
+def parse_image_request(content_type: str, body: bytes, limits: Any, task: str = OCR_TASK) -> list:
+    """The decoded RGB images of one ``/v1/tasks/{task}`` request for an image task (``IMAGE_TASKS``),
+    or a 4xx ``ServingError``.
 
     Two forms: the JSON every task endpoint takes, ``{"inputs": [...]}``, each input a base64 image
     file (a ``data:image/...;base64,`` URL too); or one image file as the raw body under an
@@ -153,7 +157,7 @@ def parse_image_request(content_type: str, body: bytes, limits: Any) -> list:
         files = [body]
     else:
         sent = f"Content-Type {content_type!r}" if content_type.strip() else "a request with no Content-Type"
-        raise ServingError(415, "unsupported_media_type", f"/v1/tasks/ocr does not take {sent}; {_OCR_EXAMPLE}")
+        raise ServingError(415, "unsupported_media_type", f"/v1/tasks/{task} does not take {sent}; {_OCR_EXAMPLE}")
     return [_decode(data, i, limits) for i, data in enumerate(files)]
 
 
