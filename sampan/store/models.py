@@ -28,7 +28,7 @@ CARD_NAME = "card.json"
 # gets the command that builds it without the store importing the recipes (a layer above it);
 # tests/test_hub.py checks that sampan.hub.recipes registers exactly these.
 RECIPE_NAMES = ("ernie-tiny-zh", "ernie-mini-zh", "gpt-zh", "ernie-tiny-sentiment", "ernie-mini-sentiment",
-                "ernie-tiny-ner", "chat-zh-tiny", "ocr-det-zh", "ocr-rec-zh")
+                "ernie-tiny-ner", "chat-zh-tiny", "ocr-det-zh", "ocr-rec-zh", "layout-det-zh")
 
 
 def search_paths() -> list[Path]:
