@@ -343,6 +343,10 @@ class Recipe:
     settings: type
     build: Callable[[Any, Path, Callable[[str], None]], dict[str, Any]]
     base: str | None = None
+    # How the weights are stored: fp16, or int8 row-wise (sampan.models.weight_files.quantize_file:
+    # half the bytes, read back as fp16) for a base too large for the store's budget in fp16. Not a
+    # setting: it changes no training step, so a run's work dir does not depend on it.
+    stored: str = "fp16"
 
 
 def _work_dir(name: str) -> Path:
@@ -457,6 +461,12 @@ def _build_ernie(name: str) -> Callable[[ErnieRecipe, Path, Callable[[str], None
         # features.json only when the model embeds pinyin / radical / strokes: otherwise nothing reads it.
         uses_features = any(getattr(model.config, f"{n}_vocab_size") for n in FEATURE_NAMES)
         _fp16_copy(Path(summary["model_dir"]), out, ("tokenizer.json",) + (("features.json",) if uses_features else ()))
+        if RECIPES[name].stored == "int8":
+            from sampan.models.weight_files import SAFETENSORS, quantize_file
+
+            sizes = quantize_file(out / SAFETENSORS)
+            log(f"hub: {name} stored int8 row-wise: {sizes['quantized']} matrices, {sizes['bytes_before'] / 2**20:.1f} "
+                f"-> {sizes['bytes_after'] / 2**20:.1f} MB")
         return {"parameters": summary["parameters"], "steps": step,
                 "heldout_mlm_loss": last_eval.metrics["eval_loss"], "heldout_char_mlm_accuracy": chars["char_accuracy"],
                 "heldout_entity_cloze_accuracy": cloze["entity_accuracy"]}
@@ -679,7 +689,7 @@ register(Recipe("ernie-tiny-zh", "fill_mask",
 register(Recipe("ernie-mini-zh", "fill_mask",
                 "ernie-mini (6 x 384, ERNIE 3.0 Mini's shape) pretrained with ERNIE knowledge masking on People's "
                 "Daily, 三国演义, review text and the Simplified-Chinese prose of Debian's documentation packages",
-                ErnieMiniRecipe, _build_ernie("ernie-mini-zh")))
+                ErnieMiniRecipe, _build_ernie("ernie-mini-zh"), stored="int8"))
 register(Recipe("gpt-zh", "text_generation",
                 "a 4 x 256 GPT trained on People's Daily 1998, 三国演义 and 12,000 Tang poems with ernie-tiny-zh's "
                 "tokenizer",
