@@ -44,6 +44,7 @@ HOMONYMS: dict[str, dict[str, str]] = {
         "GPTRecipe": "the shared data build the recipe makes (a DataBuildConfig)",
         "OcrDetRecipe": "the page pool ocr-det-zh renders once and reuses (an OcrDataConfig)",
         "OcrRecRecipe": "the line pool ocr-rec-zh renders once and reuses (an OcrDataConfig)",
+        "LayoutDetRecipe": "the document pages layout-det-zh renders once and reuses (a LayoutDataConfig)",
     },
     "seq_len": {
         "DataBuildConfig": "tokens per row of a data build ([CLS] and [SEP] included)",
@@ -97,6 +98,20 @@ HOMONYMS: dict[str, dict[str, str]] = {
     "shrink_ratio": {
         "DBTargetConfig": "the Vatti ratio DB's probability targets are shrunk by",
         "DBPostProcessConfig": "the ratio the inverse unclip undoes (the detector's config checks it equals the targets')",
+    },
+    # Each detector recipe shapes its own network's LCNet backbone: the DB text detector's (ocr-det-zh)
+    # and the layout detector's (layout-det-zh) are set per recipe, and neither build reads the other's.
+    "stem_channels": {
+        "OcrDetRecipe": "channels of the DB text detector's backbone stem",
+        "LayoutDetRecipe": "channels of the layout detector's backbone stem",
+    },
+    "stage_channels": {
+        "OcrDetRecipe": "output channels of the DB text detector's four backbone stages",
+        "LayoutDetRecipe": "output channels of the layout detector's four backbone stages",
+    },
+    "stage_blocks": {
+        "OcrDetRecipe": "blocks in each of the DB text detector's backbone stages",
+        "LayoutDetRecipe": "blocks in each of the layout detector's backbone stages",
     },
     "export_only": {
         "OcrDetRecipe": "score and store the detector run's best model so far, training nothing",
