@@ -171,10 +171,10 @@ def test_served_layout_takes_uploads_as_ocr_does(layout, page):
     want = layout(page)
     path = "/v1/tasks/layout"
     cases = [_json(path, [png]), (path, {"content-type": "image/png"}, png),
-             _json(path, [b"\x00\x01garbage" * 10]), _json(path, [png] * 3), (path, {"content-type": "text/plain"}, png),
-             (path, {"content-type": "image/png"}, b"\0" * 70_000), _json(path, [_png(Image.new("RGB", (11, 10)))])]
+             _json(path, [b"\x00\x01garbage" * 10]), _json(path, [_png(Image.new("RGB", (20, 20)))] * 3), (path, {"content-type": "text/plain"}, png),
+             (path, {"content-type": "image/png"}, b"\0" * 70_000), _json(path, [_png(Image.new("RGB", (200, 150)))])]
     ok_json, ok_raw, garbage, too_many, wrong_type, too_big, too_large = _serve(
-        layout, "layout", cases, max_images_per_request=2, max_image_bytes=65_536, max_image_pixels=100)
+        layout, "layout", cases, max_images_per_request=2, max_image_bytes=65_536, max_image_pixels=20_000)  # the page: 15,000
     assert ok_json.status_code == 200, ok_json.text
     assert ok_json.json() == ok_raw.json() == {"task": "layout", "outputs": [want]}
     for response, status, code in ((garbage, 422, "invalid_image"), (too_many, 413, "too_many_inputs"),
