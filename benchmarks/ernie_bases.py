@@ -79,7 +79,7 @@ def score_base(name: str, corpora: list[str], args: argparse.Namespace, work: Pa
     data = work / name.replace("/", "_")
     # max_docs=1: the train split is not read here (one document keeps the build's shape valid).
     build_data(DataBuildConfig(corpora=tuple(corpora), out=str(data), tokenizer=str(path / "tokenizer.json"),
-                               max_docs=1, max_test_docs=args.test_docs, workers=1, overwrite=True))
+                               max_docs=1, max_test_docs=args.test_docs or 10**9, workers=1, overwrite=True))
     batcher = MLMBatcher(KnowledgeMasker(model.config.vocab_size, MASK_ID))
     out = {"path": str(path), "parameters": sum(p.numel() for p in model.parameters()), "corpora": {}}
     for corpus in corpora:
