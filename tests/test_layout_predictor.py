@@ -18,7 +18,7 @@ from PIL import Image
 def test_predictor_boxes_equal_eager_predict(tmp_path, monkeypatch):
     from sampan.vision.backbone import BackboneConfig
     from sampan.vision.detection.model import Detector, DetectorConfig
-    from sampan.vision.detection.predictor import DetectorPredictor, export_detector
+    from sampan.taskflow.detector import DetectorPredictor, export_detector
 
     monkeypatch.setenv("SAMPAN_HOME", str(tmp_path / "home"))
     torch.manual_seed(0)

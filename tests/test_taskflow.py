@@ -224,7 +224,7 @@ def test_tasks_listing_and_unknown_names():
     assert {"sentiment_analysis", "ner", "word_segmentation", "text_generation", "poetry_generation",
             "fill_mask"} <= set(tasks)
     assert tasks["sentiment_analysis"]["default_model"] == "ernie-tiny-sentiment"
-    with pytest.raises(ValueError, match="unknown task 'translation'; tasks: chat, fill_mask, ner"):
+    with pytest.raises(ValueError, match="unknown task 'translation'; tasks: chat, document, fill_mask, layout, ner"):
         Taskflow("translation")
     with pytest.raises(ValueError, match="unknown task 'sentiment'; did you mean 'sentiment_analysis'\\? tasks:"):
         Taskflow("sentiment")

@@ -729,9 +729,9 @@ register(Recipe("ocr-rec-zh", "ocr_rec",
 
 
 def _build_layout_det(settings: LayoutDetRecipe, out: Path, log: Callable[[str], None]) -> dict[str, Any]:
-    from sampan.vision.detection.train import train_layout_detector
+    from sampan.vision.detection.train import RECIPE, train_layout_detector
 
-    metrics = train_layout_detector(settings, out, log)
+    metrics = train_layout_detector(settings, out, run_dir(RECIPE, settings), BuildPaused, log)
     _fp16_tensors(out / "model.safetensors")  # the store's format; loading casts back to fp32
     return metrics
 

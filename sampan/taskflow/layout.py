@@ -9,7 +9,7 @@
 The stored detector (``layout-det-zh``, built by ``sampan hub build layout-det-zh``; ``model=`` a
 store name or a directory saved by ``Detector.save_pretrained``) is exported once on first use into
 the export cache and run by the inference predictor (ONNX Runtime by default), as OCR's models are
-(``sampan.vision.detection.predictor``). Labels are the model's class names: CDLA's ten for
+(``sampan.taskflow.detector``). Labels are the model's class names: CDLA's ten for
 ``layout-det-zh`` (``sampan.vision.layout.classes``). Boxes are x0, y0, x1, y1 in the image's pixels.
 
 Reading order (:func:`reading_order`): headers first and footers last; between them, regions wider
@@ -71,7 +71,7 @@ class Layout(Task):
 
     def _construct_model(self, model: str) -> None:
         from sampan.inference.device import predictor_device
-        from sampan.vision.detection.predictor import DetectorPredictor
+        from sampan.taskflow.detector import DetectorPredictor
 
         self.limits = ImageLimits(**{k: self.options[k] for k in ("max_pixels", "max_side") if k in self.options})
         self.score_threshold = float(self.options.get("score_threshold", 0.3))

@@ -132,16 +132,16 @@ def evaluate_map(detector: Detector, coco_file: str | Path, score_threshold: flo
 
 
 # -- the recipe ----------------------------------------------------------------------------------
-def train_layout_detector(recipe: Any, out: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run (or resume) ``recipe``'s (a ``LayoutDetRecipe``) training, score the held-out test pages,
-    write the model into ``out`` (fp32; the hub stores it in fp16) and return the figures. A sitting
-    stopped by ``training.max_minutes`` raises ``BuildPaused`` (the checkpoint stays; rerun to continue)."""
-    from sampan.hub.recipes import BuildPaused, run_dir
+def train_layout_detector(recipe: Any, out: Path, work: Path, paused: type[Exception],
+                          log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run (or resume) ``recipe``'s (a ``LayoutDetRecipe``) training in ``work``, score the held-out
+    test pages, write the model into ``out`` (fp32; the hub stores it in fp16) and return the figures.
+    A sitting stopped by ``training.max_minutes`` raises ``paused`` (the hub's ``BuildPaused``, passed
+    in because vision sits below the hub; the checkpoint stays; rerun to continue)."""
     from sampan.tensor import seed as seed_all
     from sampan.trainer.trainer import Trainer
 
     pages = build_pages(recipe.data, log)
-    work = run_dir(RECIPE, recipe)
     work.mkdir(parents=True, exist_ok=True)
     seed_all(recipe.training.seed)  # the initial weights depend on the seed only
     detector = Detector(recipe.detector_config())
@@ -155,7 +155,7 @@ def train_layout_detector(recipe: Any, out: Path, log: Callable[[str], None] = p
     started = time.perf_counter()
     state = trainer.train()
     if state.global_step < trainer.max_steps:
-        raise BuildPaused(f"{RECIPE} stopped at step {state.global_step} of {trainer.max_steps} (max_minutes "
+        raise paused(f"{RECIPE} stopped at step {state.global_step} of {trainer.max_steps} (max_minutes "
                           f"{recipe.training.max_minutes:g}); its checkpoint is in {work}")
     train_seconds = time.perf_counter() - started
     detector = model.detector.float().eval()
