@@ -16,9 +16,9 @@ from PIL import Image
 
 @pytest.mark.slow  # one torch.export + ONNX export (~7 s)
 def test_predictor_boxes_equal_eager_predict(tmp_path, monkeypatch):
+    from sampan.taskflow.detector import DetectorPredictor, export_detector
     from sampan.vision.backbone import BackboneConfig
     from sampan.vision.detection.model import Detector, DetectorConfig
-    from sampan.taskflow.detector import DetectorPredictor, export_detector
 
     monkeypatch.setenv("SAMPAN_HOME", str(tmp_path / "home"))
     torch.manual_seed(0)
