@@ -12,57 +12,37 @@ cache, ``$SAMPAN_HOME/cache/inference/<name>-<digest>``, under a file lock (thre
 
 from __future__ import annotations
 
-import hashlib
-import sys
-import threading
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 EXPORT_VERSION = "detector-1"  # bump when the exported signature changes, to invalidate old caches
-_lock = threading.Lock()
-
-
-def _digest(directory: Path) -> str:
-    from sampan.utils.digest import file_sha256
-
-    h = hashlib.sha256(EXPORT_VERSION.encode())
-    for name in ("config.json", "model.safetensors"):
-        if (directory / name).is_file():
-            h.update(f"{name}:{file_sha256(directory / name)};".encode())
-    return h.hexdigest()[:16]
 
 
 def export_detector(directory: str | Path) -> Path:
     """The cached inference directory (``inference.onnx`` + ``.pt2`` + ``.json``) of the detector saved
     in ``directory``, exported now unless it is there already."""
-    import torch
-
-    from sampan.utils.atomic import file_lock
+    from sampan.taskflow.runtime import cached_export, files_digest
     from sampan.utils.paths import cache_dir
 
     directory = Path(directory).resolve()
-    target = cache_dir("inference", f"{directory.name}-{_digest(directory)}")
-    if (target / "inference.onnx").is_file() and (target / "inference.json").is_file():
-        return target
+    target = cache_dir("inference", f"{directory.name}-{files_digest(directory, EXPORT_VERSION)}")
+    return cached_export(directory.name, target, lambda out: _export_into(directory, out))
+
+
+def _export_into(directory: Path, target: Path) -> None:
+    import torch
+
     from sampan.inference.export import export_model
     from sampan.static import InputSpec
-    from sampan.taskflow.runtime import quiet_exporter
     from sampan.vision.detection.model import Detector
 
-    with _lock, file_lock(target.parent / f".{target.name}.lock"):
-        if (target / "inference.onnx").is_file():
-            return target
-        target.parent.mkdir(parents=True, exist_ok=True)
-        print(f"sampan: exporting {directory.name} for inference (once per model) -> {target}", file=sys.stderr)
-        model = Detector.from_pretrained(directory).float().eval()  # stored fp16: exported in fp32
-        size = model.config.input_size
-        example = torch.rand(2, 3, size, size, generator=torch.Generator().manual_seed(0))
-        with quiet_exporter():
-            export_model(model, target, [InputSpec([None, 3, size, size], "float32", "images")], overwrite=True,
-                         output_names=["cls", "reg"], examples=[example])
-    return target
+    model = Detector.from_pretrained(directory).float().eval()  # stored fp16: exported in fp32
+    size = model.config.input_size
+    example = torch.rand(2, 3, size, size, generator=torch.Generator().manual_seed(0))
+    export_model(model, target, [InputSpec([None, 3, size, size], "float32", "images")], overwrite=True,
+                 output_names=["cls", "reg"], examples=[example])
 
 
 class DetectorPredictor:

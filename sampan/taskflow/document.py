@@ -18,10 +18,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from sampan.taskflow.inputs import check_images
 from sampan.taskflow.layout import LAYOUT_MODEL
 from sampan.taskflow.ocr import DET_MODEL, REC_MODEL
 from sampan.taskflow.task import Task
-from sampan.vision.image_input import ImageLimits, load_image
+from sampan.vision.image_input import ImageLimits
 
 
 class Document(Task):
@@ -57,12 +58,7 @@ class Document(Task):
                        rec_model=self.options.get("rec_model") or REC_MODEL, **common, **limits)
 
     def __call__(self, inputs: Any) -> dict[str, str] | list[dict[str, str]]:
-        single = not isinstance(inputs, (list, tuple))
-        items = [inputs] if single else list(inputs)
-        if not items:
-            raise ValueError("Taskflow input is an empty list: pass at least one image")
-        images = [load_image(item, self.limits, "the image" if single else f"image [{i}]")
-                  for i, item in enumerate(items)]
+        single, images = check_images(inputs, self.limits)
         results = [self.page(image) for image in images]
         return results[0] if single else results
 

@@ -25,8 +25,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from sampan.taskflow.inputs import check_images, model_directory
 from sampan.taskflow.task import Task
-from sampan.vision.image_input import ImageLimits, load_image
+from sampan.vision.image_input import ImageLimits
 
 LAYOUT_MODEL = "layout-det-zh"
 WIDE = 0.6  # a region wider than this share of the regions' extent spans the columns
@@ -34,20 +35,10 @@ WIDE = 0.6  # a region wider than this share of the regions' extent spans the co
 
 def model_dir(name: str) -> Path:
     """A store name or a model directory -> the directory; the unbuilt default says how to build it."""
-    from sampan.store.models import ModelNotFoundError, resolve
-
-    path = Path(name).expanduser()
-    if path.is_dir():
-        return path.resolve()
-    try:
-        return resolve(name)
-    except ModelNotFoundError:
-        if name != LAYOUT_MODEL:
-            raise
-    raise FileNotFoundError(
-        f"the layout model {name!r} is not built yet: build it with `sampan hub build {name}` (trains the detector "
+    return model_directory(name, (LAYOUT_MODEL,), (
+        "the layout model {name!r} is not built yet: build it with `sampan hub build {name}` (trains the detector "
         "on pages rendered by `sampan data build-layout`; see docs/layout.md), or pass model=DIR naming a "
-        "directory saved by Detector.save_pretrained")
+        "directory saved by Detector.save_pretrained"))
 
 
 class Layout(Task):
@@ -85,12 +76,7 @@ class Layout(Task):
                                           num_threads=self.num_threads, device=self.device)
 
     def __call__(self, inputs: Any) -> list[dict[str, Any]] | list[list[dict[str, Any]]]:
-        single = not isinstance(inputs, (list, tuple))
-        items = [inputs] if single else list(inputs)
-        if not items:
-            raise ValueError("Taskflow input is an empty list: pass at least one image")
-        images = [load_image(item, self.limits, "the image" if single else f"image [{i}]")
-                  for i, item in enumerate(items)]
+        single, images = check_images(inputs, self.limits)
         results = [self.regions(found) for found in self.detector.predict(
             images, self.score_threshold, self.iou_threshold, batch_size=self.batch_size)]
         return results[0] if single else results

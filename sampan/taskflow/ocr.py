@@ -21,8 +21,6 @@ decompression bombs and odd pixel modes are handled there). An image without tex
 from __future__ import annotations
 
 import math
-import sys
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,15 +28,15 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from sampan.taskflow.inputs import check_images
 from sampan.taskflow.task import Task
-from sampan.vision.image_input import ImageLimits, load_image
+from sampan.vision.image_input import ImageLimits
 
 DET_MODEL, REC_MODEL = "ocr-det-zh", "ocr-rec-zh"
 _EXPORT_VERSION = "ocr-1"  # bump when the exported signature changes, to invalidate old caches
 # The page kept around a detected line, as a fraction of its height (see OCR's ``line_margin``).
 DEFAULT_LINE_MARGIN = 0.25
 _VERTICAL = 1.5  # a quad this many times taller than wide is a vertical line (PaddleOCR's rule)
-_lock = threading.Lock()
 
 
 @dataclass
@@ -53,73 +51,47 @@ class _Stage:
 
 def _model_dir(name: str, which: str) -> Path:
     """A store name or a model directory -> the directory; an unbuilt OCR model says how to build it."""
-    from sampan.store.models import ModelNotFoundError, resolve
+    from sampan.taskflow.inputs import model_directory
 
-    path = Path(name).expanduser()
-    if path.is_dir():
-        return path.resolve()
-    try:
-        return resolve(name)
-    except ModelNotFoundError:
-        if name not in (DET_MODEL, REC_MODEL):
-            raise
-    raise FileNotFoundError(
-        f"the OCR {which} model {name!r} is not built yet: build it with `sampan hub build {name}` (trains on "
-        f"rendered text; see docs/ocr_models.md), or pass {'det_model' if which == 'detection' else 'rec_model'}"
-        "=DIR naming a directory saved by save_pretrained")
-
-
-def _digest(directory: Path, names: tuple[str, ...]) -> str:
-    import hashlib
-
-    from sampan.utils.digest import file_sha256
-
-    h = hashlib.sha256(_EXPORT_VERSION.encode())
-    for name in names:
-        if (directory / name).is_file():
-            h.update(f"{name}:{file_sha256(directory / name)};".encode())
-    return h.hexdigest()[:16]
+    option = "det_model" if which == "detection" else "rec_model"
+    return model_directory(name, (DET_MODEL, REC_MODEL), (
+        f"the OCR {which} model {{name!r}} is not built yet: build it with `sampan hub build {{name}}` (trains on "
+        f"rendered text; see docs/ocr_models.md), or pass {option}=DIR naming a directory saved by save_pretrained"))
 
 
 def _export(directory: Path, model_type: str) -> Path:
-    """The cached inference directory of an OCR model directory, exporting it once (across threads
-    and processes, as ``sampan.taskflow.runtime.export_dir`` does for the text models)."""
-    from sampan.utils.atomic import file_lock
+    """The cached inference directory of an OCR model directory, exporting it once
+    (``sampan.taskflow.runtime.cached_export``)."""
+    from sampan.taskflow.runtime import cached_export, files_digest
     from sampan.utils.paths import cache_dir
 
-    target = cache_dir("inference", f"{directory.name}-{_digest(directory, ('config.json', 'model.safetensors'))}")
-    if (target / "inference.onnx").is_file() and (target / "inference.json").is_file():
-        return target
+    target = cache_dir("inference", f"{directory.name}-{files_digest(directory, _EXPORT_VERSION)}")
+    return cached_export(directory.name, target, lambda out: _export_into(directory, model_type, out))
+
+
+def _export_into(directory: Path, model_type: str, target: Path) -> None:
     import torch
 
     from sampan.inference.export import export_model
     from sampan.static import InputSpec
-    from sampan.taskflow.runtime import quiet_exporter
 
-    with _lock, file_lock(target.parent / f".{target.name}.lock"):
-        if (target / "inference.onnx").is_file():
-            return target
-        target.parent.mkdir(parents=True, exist_ok=True)
-        print(f"sampan: exporting {directory.name} for inference (once per model) -> {target}", file=sys.stderr)
-        generator = torch.Generator().manual_seed(0)
-        if model_type == "det":
-            from sampan.vision.det_db import DBDetector
+    generator = torch.Generator().manual_seed(0)
+    if model_type == "det":
+        from sampan.vision.det_db import DBDetector
 
-            model = DBDetector.from_pretrained(directory).float().eval()
-            specs = [InputSpec([1, 3, None, None], "float32", "images")]
-            examples = [torch.randn(1, 3, 64, 96, generator=generator)]
-            names = ["prob"]
-        else:
-            from sampan.vision.rec_ctc import CTCRecognizer
+        model = DBDetector.from_pretrained(directory).float().eval()
+        specs = [InputSpec([1, 3, None, None], "float32", "images")]
+        examples = [torch.randn(1, 3, 64, 96, generator=generator)]
+        names = ["prob"]
+    else:
+        from sampan.vision.rec_ctc import CTCRecognizer
 
-            model = CTCRecognizer.from_pretrained(directory).float().eval()
-            height = model.config.height
-            specs = [InputSpec([None, 3, height, None], "float32", "images"), InputSpec([None], "int64", "widths")]
-            examples = [torch.randn(2, 3, height, 64, generator=generator), torch.tensor([64, 40])]
-            names = ["logits"]
-        with quiet_exporter():
-            export_model(model, target, specs, overwrite=True, output_names=names, examples=examples)
-    return target
+        model = CTCRecognizer.from_pretrained(directory).float().eval()
+        height = model.config.height
+        specs = [InputSpec([None, 3, height, None], "float32", "images"), InputSpec([None], "int64", "widths")]
+        examples = [torch.randn(2, 3, height, 64, generator=generator), torch.tensor([64, 40])]
+        names = ["logits"]
+    export_model(model, target, specs, overwrite=True, output_names=names, examples=examples)
 
 
 class OCR(Task):
@@ -203,12 +175,7 @@ class OCR(Task):
 
     # -- the loop: one image at a time through detection, then its lines in width buckets ---------
     def __call__(self, inputs: Any) -> list[dict[str, Any]] | list[list[dict[str, Any]]]:
-        single = not isinstance(inputs, (list, tuple))
-        items = [inputs] if single else list(inputs)
-        if not items:
-            raise ValueError("Taskflow input is an empty list: pass at least one image")
-        images = [load_image(item, self.limits, f"image [{i}]" if not single else "the image")
-                  for i, item in enumerate(items)]
+        single, images = check_images(inputs, self.limits)
         results = [self.read(image) for image in images]
         return results[0] if single else results
 

@@ -15,6 +15,7 @@ import os
 import sys
 import threading
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,20 +57,43 @@ def eager_model(directory: Path):
 
 def export_dir(name: str, directory: Path) -> Path:
     """The cached inference directory of a stored model, exporting it first if needed."""
+
+    def export(out: Path) -> None:  # torch is imported only when exporting: a cached model runs without it
+        from sampan.inference import export_pretrained
+        from sampan.inference.pretrained import model_features
+
+        export_pretrained(eager_model(directory), out, overwrite=True, features=model_features(directory))
+
     target = cache_dir("inference", f"{directory.name}-{_digest(directory)}")
+    return cached_export(name, target, export)
+
+
+def files_digest(directory: Path, version: str, names: tuple[str, ...] = ("config.json", "model.safetensors")) -> str:
+    """An export cache key from ``version`` and the bytes of ``names`` in ``directory`` (the image
+    models, whose directory is one config and one weight file)."""
+    import hashlib
+
+    from sampan.utils.digest import file_sha256
+
+    h = hashlib.sha256(version.encode())
+    for name in names:
+        if (directory / name).is_file():
+            h.update(f"{name}:{file_sha256(directory / name)};".encode())
+    return h.hexdigest()[:16]
+
+
+def cached_export(name: str, target: Path, export: Callable[[Path], None]) -> Path:
+    """``target`` (an inference directory in the export cache), made by ``export(target)`` unless it
+    is there already. One export at a time, across threads and processes (the workers of `sampan
+    serve --workers N` start together): the others wait, then find it made; exports are atomic on disk."""
     if (target / "inference.onnx").is_file() and (target / "inference.json").is_file():
         return target
-    from sampan.inference import export_pretrained
-    from sampan.inference.pretrained import model_features
-
-    # One export at a time, across threads and processes (the workers of `sampan serve --workers N`
-    # start together): the others wait, then find it made. export_pretrained is atomic on disk.
     with _lock, file_lock(target.parent / f".{target.name}.lock"):
         if not (target / "inference.onnx").is_file():
             target.parent.mkdir(parents=True, exist_ok=True)
             print(f"sampan: exporting {name} for inference (once per model) -> {target}", file=sys.stderr)
             with quiet_exporter():
-                export_pretrained(eager_model(directory), target, overwrite=True, features=model_features(directory))
+                export(target)
     return target
 
 
