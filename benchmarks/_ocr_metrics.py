@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from sampan.vision import polygon as P
+from sampan.vision.rec_metrics import edit_distance
 
 
 def normalise(text: str) -> str:
@@ -31,26 +32,6 @@ def normalise(text: str) -> str:
 def strict(text: str) -> str:
     """The text as written, its ends stripped (what the strict scores compare)."""
     return text.strip()
-
-
-def edit_distance(a: str, b: str) -> int:
-    """Levenshtein distance between ``a`` and ``b`` (unit costs).
-
-    One numpy row per character of ``a``: substitutions and deletions are elementwise; the
-    insertions' chain ``row[j] = min(row[j], row[j - 1] + 1)`` is a running minimum of
-    ``row[j] - j``, plus ``j`` back.
-    """
-    if not a or not b:
-        return len(a) + len(b)
-    target = np.fromiter(map(ord, b), dtype=np.int64, count=len(b))
-    ramp = np.arange(len(b) + 1)
-    row = ramp.copy()
-    for ch in a:
-        new = np.empty_like(row)
-        new[0] = row[0] + 1
-        new[1:] = np.minimum(row[:-1] + (target != ord(ch)), row[1:] + 1)
-        row = np.minimum.accumulate(new - ramp) + ramp
-    return int(row[-1])
 
 
 def line_errors(references: Sequence[str], hypotheses: Sequence[str], fold=normalise) -> dict[str, np.ndarray]:

@@ -21,13 +21,13 @@ import pytest
 from sampan.vision.document import (
     MarkdownConfig,
     document_scores,
-    edit_distance,
     markdown_text,
     page_to_markdown,
     reading_order,
     truth_text,
 )
 from sampan.vision.document.markdown import join_text, table_cells
+from sampan.vision.rec_metrics import edit_distance
 
 
 def _quad(x0, y0, x1, y1):
@@ -44,6 +44,7 @@ def _region(label, x0, y0, x1, y1, score=0.9):
 
 # -- metric pieces with known answers -----------------------------------------------------------------
 def test_edit_distance_matches_the_textbook_recurrence():
+    """The one Levenshtein (sampan.vision.rec_metrics) that OCR, document scores and benchmarks use."""
     def reference(a: str, b: str) -> int:
         row = list(range(len(b) + 1))
         for i, ca in enumerate(a, 1):
@@ -62,6 +63,7 @@ def test_edit_distance_matches_the_textbook_recurrence():
     a = "".join(rng.choice(list("天地人和"), 200))
     b = a[:50] + "风" + a[51:150] + a[160:]
     assert edit_distance(a, b) == reference(a, b) == 11
+    assert edit_distance("天下大势", "天下大事") == 1 and edit_distance("", "分久必合") == 4
 
 
 def test_join_text_spaces_only_between_latin_words():

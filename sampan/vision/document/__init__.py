@@ -8,7 +8,7 @@ assignment, column detection and reading order, tables from line boxes, renderin
 """
 
 from sampan.vision.document.markdown import MarkdownConfig, page_to_markdown, reading_order
-from sampan.vision.document.scores import document_scores, edit_distance, markdown_text, truth_text
+from sampan.vision.document.scores import document_scores, markdown_text, truth_text
 
-__all__ = ["MarkdownConfig", "document_scores", "edit_distance", "markdown_text", "page_to_markdown",
+__all__ = ["MarkdownConfig", "document_scores", "markdown_text", "page_to_markdown",
            "reading_order", "truth_text"]
