@@ -406,6 +406,15 @@ def _fp16_tensors(path: Path) -> None:
         save_file(tensors, str(tmp))
 
 
+def _store_int8(model_dir: Path, name: str, log: Callable[[str], None]) -> None:
+    """Rewrite a built model's weights int8 row-wise (``Recipe.stored``)."""
+    from sampan.models.weight_files import SAFETENSORS, quantize_file
+
+    sizes = quantize_file(model_dir / SAFETENSORS)
+    log(f"hub: {name} stored int8 row-wise: {sizes['quantized']} matrices, {sizes['bytes_before'] / 2**20:.1f} "
+        f"-> {sizes['bytes_after'] / 2**20:.1f} MB")
+
+
 class BuildPaused(Exception):
     """A recipe's run stopped at its sitting's ``max_minutes`` before its last step: the run is
     checkpointed in its work dir, nothing is stored, and the same command continues it."""
@@ -461,12 +470,6 @@ def _build_ernie(name: str) -> Callable[[ErnieRecipe, Path, Callable[[str], None
         # features.json only when the model embeds pinyin / radical / strokes: otherwise nothing reads it.
         uses_features = any(getattr(model.config, f"{n}_vocab_size") for n in FEATURE_NAMES)
         _fp16_copy(Path(summary["model_dir"]), out, ("tokenizer.json",) + (("features.json",) if uses_features else ()))
-        if RECIPES[name].stored == "int8":
-            from sampan.models.weight_files import SAFETENSORS, quantize_file
-
-            sizes = quantize_file(out / SAFETENSORS)
-            log(f"hub: {name} stored int8 row-wise: {sizes['quantized']} matrices, {sizes['bytes_before'] / 2**20:.1f} "
-                f"-> {sizes['bytes_after'] / 2**20:.1f} MB")
         return {"parameters": summary["parameters"], "steps": step,
                 "heldout_mlm_loss": last_eval.metrics["eval_loss"], "heldout_char_mlm_accuracy": chars["char_accuracy"],
                 "heldout_entity_cloze_accuracy": cloze["entity_accuracy"]}
@@ -781,6 +784,8 @@ def build(name: str, settings_pairs: list[str] | None = None, log: Callable[[str
     try:
         with atomic_dir(target) as tmp:
             metrics = recipe.build(settings, tmp, log)
+            if recipe.stored == "int8":
+                _store_int8(tmp, name, log)
             _write_card(tmp, name, recipe, settings, metrics, start)
     except BuildPaused as paused:
         log(f"hub: {paused}; run the same command again to continue (nothing stored yet)")
