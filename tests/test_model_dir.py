@@ -33,12 +33,17 @@ def _adapter(directory: Path, base: str, **meta) -> Path:
 
 
 def _old_digest(directory: Path, salt: str) -> str:
-    """The export cache key as sampan.taskflow.runtime computed it before ModelDir owned it."""
+    """The export cache key as sampan.taskflow.runtime computed it before ModelDir owned it, but with
+    task.json hashed canonically and without its ``ensemble`` entry (the n-gram half is never exported)."""
     h = hashlib.sha256(salt.encode())
     for name in ("config.json", "model.safetensors", "task.json", "adapter.safetensors", "features.json"):
         if (directory / name).is_file():
             h.update(name.encode())
-            h.update((directory / name).read_bytes())
+            data = (directory / name).read_bytes()
+            if name == "task.json":
+                meta = {k: v for k, v in json.loads(data).items() if k != "ensemble"}
+                data = json.dumps(meta, sort_keys=True, ensure_ascii=False).encode()
+            h.update(data)
     meta = directory / "task.json"
     if meta.is_file():
         base = json.loads(meta.read_text(encoding="utf-8")).get("base_model_dir")
@@ -80,6 +85,9 @@ def test_digest_keeps_the_export_cache_key(tmp_path):
     for directory in (tmp_path / "base", tmp_path / "task", *sorted(p for p in SHIPPED_DIR.iterdir() if p.is_dir())):
         assert ModelDir(directory).digest("1") == _old_digest(directory, "1"), directory
     before = ModelDir(tmp_path / "task").digest()
+    meta = json.loads((tmp_path / "task" / "task.json").read_text(encoding="utf-8"))
+    (tmp_path / "task" / "task.json").write_text(json.dumps({**meta, "ensemble": {"ngram_weight": 0.4}}))
+    assert ModelDir(tmp_path / "task").digest() == before  # attaching the n-gram half re-exports nothing
     (tmp_path / "base" / "model.safetensors").write_bytes(b"retrained")  # a changed base changes the delta's key
     assert ModelDir(tmp_path / "task").digest() != before
     (tmp_path / "base" / "tokenizer.json").write_bytes(b"{}")  # not one of MODEL_FILES

@@ -146,9 +146,8 @@ def run_finetune_stage(cfg: FinetuneStageConfig, own_base: str, stage_dir: str |
     start = time.perf_counter()
     # Opened after attach_ngram wrote the n-gram model and its weight beside the ERNIE, so one call
     # answers with the ensemble. Taskflow exports the model on first use: jit.save -> ONNX + .pt2
-    # (checked against eager at several shapes), then opens the ONNX file in the predictor. The
-    # export cache is keyed by the model's files, task.json among them, so attach_ngram's scoring
-    # export (before the weight was written) is not reused: the ERNIE is exported twice.
+    # (checked against eager at several shapes), then opens the ONNX file in the predictor; the
+    # export attach_ngram's scoring made is reused (the cache key leaves the ensemble entry out).
     flow = Taskflow("sentiment_analysis", model=str(result.output_dir))
     loaded = flow.task.loaded
     log(f"export: jit.save -> {loaded.inference_dir} (inference.onnx + inference.pt2, "

@@ -11,6 +11,7 @@ config or features of its own: they are read from the base chain. ``task.json`` 
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,7 +101,9 @@ class ModelDir:
 
     def digest(self, salt: str = "") -> str:
         """16 hex digits of a sha256 over ``salt`` and the bytes of this directory's ``MODEL_FILES``,
-        folding in the base's digest (same salt) for a delta: what an export cache is keyed by."""
+        folding in the base's digest (same salt) for a delta: what an export cache is keyed by.
+        ``task.json``'s ``ensemble`` entry is left out: the n-gram half is read from the model
+        directory at run time, never exported, so attaching it does not make the ERNIE export again."""
         folded = ""
         for model_dir in reversed(self.chain()):  # the last base first: each delta folds in its base's digest
             h = hashlib.sha256(salt.encode())
@@ -108,8 +111,20 @@ class ModelDir:
                 path = model_dir.path / name
                 if path.is_file():
                     h.update(name.encode())
-                    h.update(path.read_bytes())
+                    h.update(_exported_bytes(path))
             if folded:
                 h.update(folded.encode())
             folded = h.hexdigest()[:16]
         return folded
+
+
+def _exported_bytes(path: Path) -> bytes:
+    """What of a model file the export depends on: its bytes; for ``task.json``, its keys but
+    ``ensemble``, in one canonical form (so attaching the n-gram half changes no key)."""
+    data = path.read_bytes()
+    if path.name != TASK_FILE:
+        return data
+    meta = json.loads(data.decode("utf-8"))
+    if isinstance(meta, dict):
+        meta.pop("ensemble", None)
+    return json.dumps(meta, sort_keys=True, ensure_ascii=False).encode()
