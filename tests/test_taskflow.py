@@ -327,6 +327,7 @@ def test_tasks_benchmark_quick(sampan_home, sentiment, tmp_path):
     """benchmarks/tasks.py --quick runs every section and writes the figures the README table reads."""
     import json
     import os
+    import re
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
@@ -354,6 +355,11 @@ def test_tasks_benchmark_quick(sampan_home, sentiment, tmp_path):
     assert diff["ci95"][0] <= diff["difference"] <= diff["ci95"][1]
     assert {"char_1_3_linear_svm", "word_1_2_plus_char_1_3_lr", "sampan_baseline_average"} == set(sent["references"])
     assert all(0.75 <= ref["accuracy"] <= 1 for ref in sent["references"].values()), sent["references"]
+    # --quick fits each classical model at the C the full run chose on dev, which must still be so.
+    full = json.loads((root / "benchmarks" / "results" / "tasks.json").read_text())["sentiment"]
+    assert re.search(r"\(C=([\d.]+) ", full["baseline"])[1] == re.search(r"\(C=([\d.]+) ", sent["baseline"])[1]
+    for key in ("char_1_3_linear_svm", "word_1_2_plus_char_1_3_lr"):
+        assert full["references"][key]["C"] == sent["references"][key]["C"]
     # The count is the reviews whose tokens overflow the model's window, counted here directly.
     from sampan.finetune.data import load_task_data
 
