@@ -99,6 +99,7 @@ bench: setup-dev bench-deps
 	$(BIN)/python benchmarks/moe_step.py
 	$(BIN)/python benchmarks/chat_serving.py
 	$(BIN)/python benchmarks/ocr.py
+	$(BIN)/python benchmarks/layout.py --model layout-det-zh --markdown
 	test -f $(BENCH_DATA)/manifest.json || $(BIN)/sampan data build --corpus news,sanguo,reviews \
 	  --vocab-size 6000 --seq-len 128 --workers 2 --out $(BENCH_DATA)
 	$(BIN)/python benchmarks/batching.py --data $(BENCH_DATA)

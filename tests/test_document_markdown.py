@@ -1,7 +1,8 @@
 """sampan.vision.document: page_to_markdown's reading order, tables, headings and rendering, and
 document_scores, on a hand-made two-column page and on pages rendered by `sampan data build-layout`
 (their true regions, with OCR lines made from their true text); then the upper bound with the real
-Taskflow("ocr") on clean rendered pages (true regions: what OCR alone costs).
+Taskflow("ocr") on clean rendered pages (true regions: what OCR alone costs), and the shipped models:
+layout-det-zh's mAP on the rendered pages and the whole Taskflow("document") on a clean one.
 
 Cost: the hand-made checks ~2 s; the rendered pages (3 built once for the module, Chromium) a few
 seconds on idle cores (docs/layout.md's build rate); the real-OCR check (marked slow) one page through
@@ -360,3 +361,54 @@ def test_upper_bound_true_regions_with_real_ocr(rendered):
     accuracy = 1 - edits / chars
     print(f"upper bound (true regions + Taskflow('ocr')) on {len(clean)} clean page(s): char accuracy {accuracy:.4f}")
     assert accuracy > 0.5, "true regions with real OCR: 0.65-0.79 measured on clean pages (docs/document.md)"
+
+
+# -- the shipped detector (layout-det-zh) and the whole Taskflow("document") on the rendered pages ------
+@pytest.mark.slow
+@pytest.mark.browser
+def test_shipped_layout_detector_finds_the_regions_of_held_out_pages(rendered):
+    """Taskflow("layout") with the shipped layout-det-zh (exported, through the predictor) on the three
+    test-split pages (held-out documents; two on held-out templates or fonts, two scanned): COCO mAP
+    over their boxes. The floors sit under what was measured here (ONNX Runtime on the CPU is
+    deterministic), so a regression in the weights, the export or the post-processing fails;
+    benchmarks/layout.py measures the model on 50 pages against PP-PicoDet."""
+    from PIL import Image
+
+    from sampan.taskflow import Taskflow
+    from sampan.vision.detection.coco import evaluate_coco_map
+    from sampan.vision.layout.classes import CATEGORY_IDS
+    from sampan.vision.layout.coco import coco_file
+
+    root, pages = rendered
+    layout = Taskflow("layout", num_threads=1)
+    detections = []
+    for image_id, page in enumerate(pages, start=1):
+        with Image.open(root / page["image"]) as im:
+            found = layout(im.convert("RGB"))
+        assert found and all(d["label"] in CATEGORY_IDS and 0 < d["score"] <= 1 for d in found)
+        detections += [{"image_id": image_id, "category_id": CATEGORY_IDS[d["label"]], "score": d["score"],
+                        "bbox": [d["box"][0], d["box"][1], d["box"][2] - d["box"][0], d["box"][3] - d["box"][1]]}
+                       for d in found]
+    scores = evaluate_coco_map(coco_file(pages, "shipped-layout test"), detections)
+    print(f"layout-det-zh on {len(pages)} rendered test pages: mAP {scores['map']:.3f}, mAP@0.5 {scores['map50']:.3f}")
+    # Measured: mAP 0.662, mAP@0.5 0.950 (0.669 / 0.910 on the recipe's 100 test pages).
+    assert scores["map50"] >= 0.85 and scores["map"] >= 0.55, scores
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_shipped_document_taskflow_turns_a_clean_page_into_markdown(rendered):
+    """Taskflow("document") from the shipped models alone (layout-det-zh, ocr-det-zh, ocr-rec-zh),
+    offline: a clean rendered page comes back as Markdown with most of its characters, a heading
+    for each of its headings and a table for each table."""
+    from sampan.taskflow import Taskflow
+
+    root, pages = rendered
+    (page,) = [p for p in pages if not p["scanned"]][:1]
+    markdown = Taskflow("document", num_threads=1)(str(root / page["image"]))["markdown"]
+    s = document_scores(markdown, page)
+    print(f"{page['id']}: char accuracy {s['char_accuracy']:.4f}, headings {s['headings']}, tables {s['tables']}")
+    # Measured 0.648 (1,642 characters), its table found (5 x 4 read as 4 x 2) and its 3 headings placed
+    # but misread: OCR bounds it (the true regions give 0.70 on the benchmark's clean pages, docs/document.md).
+    assert s["char_accuracy"] >= 0.55, markdown
+    assert s["headings"]["found"] == s["headings"]["expected"] and s["tables"]["found"] == s["tables"]["expected"], s
