@@ -21,7 +21,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
 from sampan.taskflow.layout import reading_order
@@ -69,17 +68,10 @@ def test_unbuilt_model_and_bad_options_say_what_to_do(tmp_path, monkeypatch):
 # -- the pipeline on a small untrained detector (one export, shared by the module) ------------------
 @pytest.fixture(scope="module")
 def detector_dir(tmp_path_factory):
-    from sampan.vision.backbone import BackboneConfig
-    from sampan.vision.detection.model import Detector, DetectorConfig
+    from tests.layout_tiny import build_tiny_detector
 
     root = tmp_path_factory.mktemp("layout")
-    torch.manual_seed(0)
-    model = Detector(DetectorConfig(num_classes=len(CLASSES), class_names=CLASSES, input_size=64, width=16,
-                                    backbone=BackboneConfig(stem_channels=8, stage_channels=(8, 16, 24, 32),
-                                                            stage_blocks=(1, 1, 1, 1))))
-    with torch.no_grad():  # scores near 0.5 instead of the 0.01 prior: an untrained net that finds regions
-        model.cls.bias.copy_(torch.linspace(0.4, -0.4, len(CLASSES)))
-    model.half().save_pretrained(root / "det")
+    build_tiny_detector(root / "det")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SAMPAN_HOME", str(root / "home"))  # the export cache of this module
         yield root / "det"

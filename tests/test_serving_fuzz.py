@@ -12,8 +12,9 @@ The OpenAI-compatible endpoints of a chat model (``--model``) are fuzzed the sam
 chat / completion requests must each get their one status in OpenAI's error shape
 (``{"error": {"message", "type", "param", "code"}}``) and never reach the model.
 
-Image uploads to ``/v1/tasks/ocr`` (the tiny OCR pair of ``tests/ocr_tiny.py``, whose build and export
-the session shares) are fuzzed too: random bytes, truncated PNGs, headers claiming more pixels than
+Image uploads to ``/v1/tasks/ocr``, ``/v1/tasks/layout`` and ``/v1/tasks/document`` (the tiny OCR pair
+of ``tests/ocr_tiny.py``, whose build and export the session shares, and the tiny detector of
+``tests/layout_tiny.py``) are fuzzed too, each request sent to one of the three: random bytes, truncated PNGs, headers claiming more pixels than
 ``max_image_pixels``, zero-size images, wrong content types, too many and too large uploads.
 
 The limits themselves are checked at the boundary: a request exactly at ``max_inputs_per_request``,
@@ -40,6 +41,7 @@ import sampan
 from sampan.server_process import ServerProcess
 from sampan.serving.config import ServingConfig
 from sampan.static import InputSpec
+from tests.layout_tiny import build_tiny_detector
 from tests.ocr_tiny import build_tiny_ocr, png_header
 from tests.tiny_chat_model import build_chat_model_dir
 
@@ -55,6 +57,7 @@ MAX_INPUTS, MAX_CHARS, MAX_BODY = (LIMITS[k] for k in ("max_inputs_per_request",
 EXAMPLES = 1_100  # >= 1,000 requests; about 15-30 s against the local server on 2 shared cores
 JSON_HEADERS = {"content-type": "application/json"}
 TASK_PATH, MODEL_PATH, OCR_PATH = f"/v1/tasks/{TASK}", "/v1/models/lin/predict", "/v1/tasks/ocr"
+IMAGE_PATHS = (OCR_PATH, "/v1/tasks/layout", "/v1/tasks/document")  # one upload code, three tasks
 MAX_IMAGE_BYTES, MAX_PIXELS, MAX_IMAGES = (LIMITS[k] for k in ("max_image_bytes", "max_image_pixels",
                                                                "max_images_per_request"))
 CHAT_PATH, COMPLETION_PATH, CHAT_MODEL, CHAT_CONTEXT = "/v1/chat/completions", "/v1/completions", "tiny-chat", 64
@@ -73,8 +76,12 @@ def server(tmp_path_factory):
     chat = build_chat_model_dir(tmp_path_factory.mktemp("fuzz_chat") / "tiny", context=CHAT_CONTEXT, train_steps=0)
     # OCR on the tiny memorised pair (tests/ocr_tiny.py); its export is shared through that home
     ocr = build_tiny_ocr(tmp_path_factory.getbasetemp() / "ocr_tiny")
+    detector = build_tiny_detector(tmp_path_factory.mktemp("fuzz_layout") / "det")
     args = ["--task", TASK, "--model-dir", f"lin={folder}", "--model", str(chat), "--served-model-name", CHAT_MODEL,
             "--task", "ocr", "--task-option", f"ocr.det_model={ocr.det}", "--task-option", f"ocr.rec_model={ocr.rec}",
+            "--task", "layout", "--task-option", f"layout.model={detector}",
+            "--task", "document", "--task-option", f"document.model={detector}",
+            "--task-option", f"document.det_model={ocr.det}", "--task-option", f"document.rec_model={ocr.rec}",
             "--device", "cpu", "--log-level", "critical"]
     for name, value in LIMITS.items():
         args += [f"--{name.replace('_', '-')}", str(value)]
@@ -419,11 +426,12 @@ def _upload(draw, files: list[bytes]) -> tuple[str, str, dict, bytes, bool]:
     """The files as base64 JSON, or (one file) as the raw body under an image type."""
     import base64
 
+    path = draw(st.sampled_from(IMAGE_PATHS))
     if len(files) == 1 and draw(st.booleans()):
-        return "POST", OCR_PATH, {"content-type": draw(st.sampled_from(["image/png", "image/jpeg",
-                                                                         "application/octet-stream"]))}, files[0], False
+        return "POST", path, {"content-type": draw(st.sampled_from(["image/png", "image/jpeg",
+                                                                     "application/octet-stream"]))}, files[0], False
     body = json.dumps({"inputs": [base64.b64encode(f).decode() for f in files]}).encode()
-    return "POST", OCR_PATH, JSON_HEADERS, body, False
+    return "POST", path, JSON_HEADERS, body, False
 
 
 def _ocr_request(draw, kind: str) -> tuple[str, str, dict, bytes, bool]:
@@ -444,13 +452,13 @@ def _ocr_request(draw, kind: str) -> tuple[str, str, dict, bytes, bool]:
         return _upload(draw, [png_header(*draw(st.sampled_from([(0, 5), (7, 0), (0, 0)])))])
     if kind == "ocr_content_type":
         ctype = draw(st.sampled_from(["text/plain", "multipart/form-data", "application/xml", "text/json", ""]))
-        return "POST", OCR_PATH, {"content-type": ctype} if ctype else {}, _noise_png(8, 0), False
+        return "POST", draw(st.sampled_from(IMAGE_PATHS)), {"content-type": ctype} if ctype else {}, _noise_png(8, 0), False
     if kind == "ocr_too_many":
         return _upload(draw, [_noise_png(4, 0)] * draw(st.integers(MAX_IMAGES + 1, MAX_IMAGES + 4)))
     # ocr_too_big: a good image padded past max_image_bytes (a PNG ignores what follows IEND)
     png = _noise_png(8, 0)
-    return "POST", OCR_PATH, {"content-type": "image/png"}, png + b"\0" * (MAX_IMAGE_BYTES + 1 - len(png)
-                                                                            + draw(st.integers(0, 4096))), False
+    return "POST", draw(st.sampled_from(IMAGE_PATHS)), {"content-type": "image/png"}, \
+        png + b"\0" * (MAX_IMAGE_BYTES + 1 - len(png) + draw(st.integers(0, 4096))), False
 
 
 def type_fields(path: str) -> set[str]:
@@ -484,8 +492,11 @@ def test_malformed_requests_each_get_their_one_status_and_the_server_survives(se
     assert client.get("/healthz").json()["status"] == "ok"
     good = client.post(TASK_PATH, json={"inputs": ["今天天气真好"]})
     assert good.status_code == 200 and good.json()["outputs"][0]["label"] in ("positive", "negative")
-    image = client.post(OCR_PATH, headers={"content-type": "image/png"}, content=_noise_png(8, 0))
-    assert image.status_code == 200 and isinstance(image.json()["outputs"][0], list)
+    for path in IMAGE_PATHS:  # each image task still answers a good upload (OCR and layout: a list; document: Markdown)
+        image = client.post(path, headers={"content-type": "image/png"}, content=_noise_png(8, 0))
+        assert image.status_code == 200, (path, image.text)
+        out = image.json()["outputs"][0]
+        assert isinstance(out["markdown"], str) if path.endswith("/document") else isinstance(out, list), (path, out)
     reply = client.post(CHAT_PATH, json={**_GOOD_CHAT, "ignore_eos": True})  # exactly 2 tokens: 1 decode step
     assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] >= 1
     # None of the refused requests reached the model: the one decode step is the good request's second token.
