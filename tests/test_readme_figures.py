@@ -178,36 +178,3 @@ def test_check_mode_reports_a_stale_page(tmp_path, capsys):
     assert results_tables.main(["--check", "--page", str(stale)]) == 1
     assert "time ratio **0.500**" in capsys.readouterr().out
     assert results_tables.main(["--check", "--page", str(PAGE)]) == 0
-
-
-def _assert_readme_rows(results: str, rows: dict, columns: tuple[str, ...]) -> None:
-    """Each README row ``| name | figure(column) | ... |`` is in the README as ``rows[name]`` formats it."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    for name, figure in rows.items():
-        shown = " | ".join(figure(k) for k in columns)
-        assert f"| {name} | {shown} |" in readme, f"README's row {name!r} is not {results}'s {shown}"
-
-
-def test_the_readme_ocr_table_is_the_results_file():
-    """The README's hand-written OCR table is what benchmarks/results/ocr.json holds (rounded as shown)."""
-    systems = json.loads((RESULTS / "ocr.json").read_text(encoding="utf-8"))["systems"]
-    _assert_readme_rows("ocr.json", {
-        "clean lines: character accuracy": lambda k: f"{systems[k]['lines']['clean']['char_accuracy']:.3f}",
-        "degraded lines: character accuracy": lambda k: f"{systems[k]['lines']['degraded']['char_accuracy']:.3f}",
-        "page detection F1 (IoU 0.5)": lambda k: f"{systems[k]['pages']['detection']['f1']:.3f}",
-        "pages end to end: character accuracy": lambda k: f"{systems[k]['pages']['end_to_end']['char_accuracy']:.3f}",
-        "models on disk, MB": lambda k: f"{systems[k]['model']['model_mb']:.1f}"}, ("sampan", "tesseract", "ppocr_v4"))
-
-
-def test_the_readme_layout_table_is_the_results_file():
-    """The README's hand-written layout table is what benchmarks/results/layout.json holds (rounded as shown)."""
-    result = json.loads((RESULTS / "layout.json").read_text(encoding="utf-8"))
-    systems, markdown = result["systems"], result["markdown"]
-    assert all(systems[k]["status"] == "measured" for k in ("sampan", "pp-picodet-cdla")), "rerun benchmarks/layout.py"
-    _assert_readme_rows("layout.json", {
-        "mAP@0.5:0.95": lambda k: f"{systems[k]['map']['all']['map']:.3f}",
-        "mAP@0.5": lambda k: f"{systems[k]['map']['all']['map50']:.3f}",
-        "latency, ms per page (median)": lambda k: f"{systems[k]['latency_ms_per_page']['median']:,.0f}",
-        "model on disk, MB": lambda k: f"{systems[k]['model']['model_mb']:.2f}",
-        "Markdown of clean pages: character accuracy": lambda k: f"{markdown[k]['clean']['char_accuracy']:.3f}"},
-        ("sampan", "pp-picodet-cdla"))
