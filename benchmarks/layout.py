@@ -53,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _ocr_systems import Unavailable  # noqa: E402  (the OCR benchmark's: status + reason)
 
 from _common import apply_presets, machine_info, timestamp, write_json_atomic  # noqa: E402
+from sampan.vision.detection.coco import coco_detection  # noqa: E402
 from sampan.vision.layout.classes import CATEGORY_IDS, CLASSES  # noqa: E402
 
 SYSTEMS = ("sampan", "pp-picodet-cdla")
@@ -291,10 +292,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
                 times[name].append(time.perf_counter() - start)
                 cpu_times[name].append(time.process_time() - cpu)
             regions[name].append(found)
-            for d in found:
-                x0, y0, x1, y1 = d["box"]
-                detections[name].append({"image_id": image_id, "category_id": CATEGORY_IDS[d["label"]],
-                                         "bbox": [x0, y0, x1 - x0, y1 - y0], "score": d["score"]})
+            detections[name] += [coco_detection(image_id, CATEGORY_IDS[d["label"]], d["box"], d["score"]) for d in found]
         if (k + 1) % 10 == 0 or k + 1 == len(pages):
             log(f"layout bench: detected {k + 1}/{len(pages)} pages")
 

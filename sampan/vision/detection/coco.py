@@ -89,6 +89,13 @@ def read_coco(path: str | Path, check_files: bool = True) -> CocoDataset:
     return CocoDataset(path, list(images.values()), [c["name"] for c in categories], [c["id"] for c in categories])
 
 
+def coco_detection(image_id: int, category_id: int, box, score: float) -> dict:
+    """One detection as COCO results take it: ``box`` ``[x0, y0, x1, y1]`` (what sampan's detectors
+    return) becomes ``bbox`` ``[x, y, width, height]``."""
+    x0, y0, x1, y1 = (float(v) for v in box)
+    return {"image_id": image_id, "category_id": category_id, "bbox": [x0, y0, x1 - x0, y1 - y0], "score": float(score)}
+
+
 def evaluate_coco_map(ground_truth: str | Path | dict, detections: list[dict]) -> dict[str, float]:
     """mAP through pycocotools' COCOeval against a COCO file or its loaded dict. ``detections``: ``{"image_id", "category_id", "bbox"
     [x, y, w, h], "score"}``. Returns ``map`` (0.5:0.95), ``map50`` and ``ap/<class name>``."""

@@ -111,7 +111,7 @@ def evaluate_map(detector: Detector, coco_file: str | Path, score_threshold: flo
     ``coco_file``, through pycocotools, plus ``seconds_per_image`` (eager torch, letterbox to boxes)."""
     from PIL import Image
 
-    from sampan.vision.detection.coco import evaluate_coco_map, read_coco
+    from sampan.vision.detection.coco import coco_detection, evaluate_coco_map, read_coco
 
     data = read_coco(coco_file)
     names = list(detector.config.class_names)
@@ -122,10 +122,7 @@ def evaluate_map(detector: Detector, coco_file: str | Path, score_threshold: flo
     for image in data.images:
         with Image.open(image.path) as f:
             found = detector.predict(f.convert("RGB"), score_threshold=score_threshold)
-        for d in found:
-            x0, y0, x1, y1 = d["box"]
-            detections.append({"image_id": image.id, "category_id": data.category_ids[d["class_id"]],
-                               "bbox": [x0, y0, x1 - x0, y1 - y0], "score": d["score"]})
+        detections += [coco_detection(image.id, data.category_ids[d["class_id"]], d["box"], d["score"]) for d in found]
     seconds = (time.perf_counter() - start) / max(1, len(data.images))
     return {**evaluate_coco_map(str(coco_file), detections), "seconds_per_image": seconds,
             "images": float(len(data.images))}
