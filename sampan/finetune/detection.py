@@ -55,10 +55,10 @@ def run_detection(cfg: FinetuneConfig, callbacks=None) -> FinetuneResult:
             raise ValueError(f"output directory {out} is not empty; set training.overwrite_output_dir (--overwrite)")
         shutil.rmtree(out)
     data = read_coco(cfg.data)
+    torch.manual_seed(training.seed)  # before the model: a fresh head's initial weights are the seed's too
     model = _build_model(cfg, data.class_names)
     size = model.config.input_size
     rng = random.Random(training.seed)
-    torch.manual_seed(training.seed)
     images = list(data.images)
     rng.shuffle(images)
     n_dev = max(1, round(len(images) * cfg.dev_fraction))
