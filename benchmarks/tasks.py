@@ -51,6 +51,8 @@ QUICK = {"sentiment_examples": 64, "snownlp_train_examples": 500, "ner_sentences
 # model on a third of the fits (each is seconds of L-BFGS on 12,400 reviews' n-grams).
 C_GRID = {"tfidf_lr": (1.0, 4.0, 16.0), "char_svm": (0.25, 1.0, 4.0), "word_char_lr": (1.0, 4.0, 16.0)}
 C_CHOSEN = {"tfidf_lr": 4.0, "char_svm": 1.0, "word_char_lr": 16.0}
+# The sections of a run, in order (--only picks some).
+SECTIONS = ("sentiment", "ner", "ner_modern", "ner_paragraphs", "int8_vs_fp32", "throughput", "lora_vs_full")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -68,10 +70,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--timing-repeats", type=int, default=None, help="interleaved timing blocks per contender (default: 15)")
     parser.add_argument("--c-search", action=argparse.BooleanOptionalAction, default=None,
                         help="pick each classical model's C on dev (default; --quick fits the full run's choice)")
+    parser.add_argument("--sentiment-model", default=None,
+                        help="the sentiment model scored (a store name or directory; default: the Taskflow's)")
+    parser.add_argument("--ner-model", default=None, help="the NER model scored (a store name or directory; default: the Taskflow's)")
+    parser.add_argument("--only", action="append", choices=SECTIONS, default=None, metavar="SECTION",
+                        help=f"run only this section (repeatable; one of {', '.join(SECTIONS)}); needs --out, since a "
+                        "partial result must not replace the full one")
     parser.add_argument("--skip-finetune", action="store_true", help="skip the LoRA vs full comparison")
     parser.add_argument("--quick", action="store_true", help="a smoke run on small slices")
     parser.add_argument("--out", type=Path, default=None, help=f"JSON output (default {DEFAULT_OUT})")
     args = parser.parse_args(argv)
+    if args.only and args.out is None:
+        parser.error("--only writes a partial result: give --out FILE (the default is the full run's results file)")
     return apply_presets(args, QUICK if args.quick else DEFAULTS, DEFAULT_OUT)
 
 
@@ -250,7 +260,7 @@ def sentiment(args: argparse.Namespace) -> dict[str, Any]:
     baseline_positive = classifier.predict_proba(test_features)[:, list(classifier.classes_).index("positive")]
     baseline_seconds = time.perf_counter() - start
     baseline_hard = classifier.predict(vectorizer.transform(hard_texts))
-    flow = Taskflow("sentiment_analysis")
+    flow = Taskflow("sentiment_analysis", args.sentiment_model)
     start = time.perf_counter()
     with _counting_truncations() as truncated:
         results = flow([ex.text for ex in test])
@@ -342,7 +352,7 @@ def ner(args: argparse.Namespace) -> dict[str, Any]:
     data = load_task_data("ner")
     test = _head(data.test, args.ner_sentences)
     gold = [list(ex.entities) for ex in test]
-    flow = Taskflow("ner")
+    flow = Taskflow("ner", args.ner_model)
     start = time.perf_counter()
     ours = [[(e["start"], e["end"], e["type"]) for e in r["entities"]] for r in flow([ex.text for ex in test])]
     ours_seconds = time.perf_counter() - start
@@ -387,7 +397,7 @@ def ner_modern(args: argparse.Namespace) -> dict[str, Any]:
 
     test = _head(load_modern_ner(), args.ner_sentences)
     gold = [list(ex.entities) for ex in test]
-    flow = Taskflow("ner")
+    flow = Taskflow("ner", args.ner_model)
     ours = [[(e["start"], e["end"], e["type"]) for e in r["entities"]] for r in flow([ex.text for ex in test])]
     lac = [[(s, e, label) for s, e, label in lac_entities(ex.text)] for ex in test]
     registers = sorted({ex.group for ex in test})
@@ -413,7 +423,7 @@ def ner_paragraphs(args: argparse.Namespace) -> dict[str, Any]:
     docs = [d for d in load_corpus("news", "test") if d.text.strip()]
     if args.ner_sentences:
         docs = docs[: max(1, args.ner_sentences // 4)]
-    flow = Taskflow("ner")
+    flow = Taskflow("ner", args.ner_model)
     window = flow.task.max_length - 2
     gold = [[tuple(e) for e in d.entities] for d in docs]
     start = time.perf_counter()
@@ -471,7 +481,8 @@ def int8_vs_fp32(args: argparse.Namespace) -> dict[str, Any]:
 
     test = _head(load_task_data("sentiment_analysis").test, args.sentiment_examples)
     texts, gold = [ex.text for ex in test], [ex.label for ex in test]
-    flows = {"fp32": Taskflow("sentiment_analysis"), "int8": Taskflow("sentiment_analysis", precision="int8")}
+    flows = {"fp32": Taskflow("sentiment_analysis", args.sentiment_model),
+             "int8": Taskflow("sentiment_analysis", args.sentiment_model, precision="int8")}
     out: dict[str, Any] = {}
     with _counting_truncations():
         for name, flow in flows.items():
@@ -499,7 +510,7 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
     from sampan.taskflow import Taskflow
 
     texts = [ex.text for ex in load_task_data("sentiment_analysis").test[:32]]
-    flow = Taskflow("sentiment_analysis")
+    flow = Taskflow("sentiment_analysis", args.sentiment_model)
     eager_model, _, _ = load_task_model(flow.task.loaded.directory)
     eager_model = eager_model.float().eval()
 
@@ -542,6 +553,8 @@ def main(argv: list[str] | None = None) -> int:
                 ("int8_vs_fp32", int8_vs_fp32), ("throughput", throughput)]
     if not args.skip_finetune:
         sections.append(("lora_vs_full", lora_vs_full))
+    if args.only:
+        sections = [(name, fn) for name, fn in sections if name in args.only]
     for name, fn in sections:
         start = time.perf_counter()
         print(f"tasks: {name} ...", flush=True)

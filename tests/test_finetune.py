@@ -561,6 +561,39 @@ def test_mention_replacement_moves_offsets_keeps_types_and_never_copies_held_out
         FinetuneConfig(task="sentiment_analysis", augment_mentions=1)
 
 
+def test_gazetteer_names_join_the_replacement_pool_and_bad_files_name_their_line(tmp_path):
+    from sampan.finetune.augment import augment_ner
+    from sampan.finetune.data import TaskExample
+    from sampan.finetune.gazetteer import jieba_gazetteer, load_gazetteer
+
+    names = jieba_gazetteer()  # jieba's own dictionary, filtered by the names' endings
+    assert {"浙江大学", "中国人民银行", "新华社"} <= set(names["ORG"]) and "美发师" not in names["ORG"]
+    assert {"福州市", "颐和园"} <= set(names["LOC"]) and "平平安安" not in names["LOC"]
+    assert 2_000 < len(names["ORG"]) < 5_000 and 5_000 < len(names["LOC"]) < 10_000
+    mine = tmp_path / "names.tsv"
+    mine.write_text("# my companies\n拼多多\tORG\n\n前海石公园\tLOC\n", encoding="utf-8")
+    merged = load_gazetteer(["jieba", str(mine)], ["PER", "LOC", "ORG"])
+    assert merged["ORG"][-1] == "拼多多" and merged["LOC"][-1] == "前海石公园" and "PER" not in merged
+
+    train = [TaskExample("a", "新华社记者在北京报道。", entities=((0, 3, "ORG"), (6, 8, "LOC")))]
+    extra = augment_ner(train, copies=20, max_chars=40, seed=0, gazetteer={"ORG": ["拼多多"], "LOC": ["深圳湾"]})
+    swapped = {ex.text[s:e] for ex in extra for s, e, k in ex.entities}
+    assert {"拼多多", "深圳湾"} <= swapped  # drawn beside the split's own 新华社 / 北京
+    assert all(ex.text.endswith("报道。") and ex.text[ex.entities[0][1]:].startswith("记者在") for ex in extra)
+
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("拼多多\tORG\n字节跳动 ORG\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"bad.tsv:2: expected 'mention<TAB>TYPE'"):
+        load_gazetteer([str(bad)], ["ORG"])
+    bad.write_text("拼多多\tCOMPANY\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"bad.tsv:1: type 'COMPANY' is not one of"):
+        load_gazetteer([str(bad)], ["PER", "LOC", "ORG"])
+    with pytest.raises(FileNotFoundError, match="give 'jieba' or a file"):
+        load_gazetteer([str(tmp_path / "missing.tsv")], ["ORG"])
+    with pytest.raises(ValueError, match="needs augment_mentions > 0"):
+        FinetuneConfig(task="ner", augment_gazetteer="jieba")
+
+
 def test_freeze_holds_base_parameters_while_what_a_method_inserts_trains():
     from sampan.finetune.task_model import apply_method
 

@@ -322,6 +322,25 @@ def test_a_deployed_taskflow_imports_no_torch(sampan_home):
     assert fresh["out"] == json.loads(json.dumps(here, ensure_ascii=False))
 
 
+def test_tasks_benchmark_only_picks_sections_and_never_overwrites_the_full_results(monkeypatch, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+    monkeypatch.syspath_prepend(str(bench))
+    spec = importlib.util.spec_from_file_location("bench_tasks", bench / "tasks.py")
+    tasks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tasks)
+    with pytest.raises(SystemExit):
+        tasks.parse_args(["--only", "ner_modern"])
+    assert "--only writes a partial result: give --out FILE" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        tasks.parse_args(["--only", "nerr", "--out", "x.json"])
+    assert "invalid choice: 'nerr'" in capsys.readouterr().err
+    args = tasks.parse_args(["--only", "ner", "--only", "ner_modern", "--out", "x.json", "--ner-model", "DIR"])
+    assert args.only == ["ner", "ner_modern"] and args.ner_model == "DIR" and args.sentiment_model is None
+
+
 @pytest.mark.slow
 def test_tasks_benchmark_quick(sampan_home, sentiment, tmp_path):
     """benchmarks/tasks.py --quick runs every section and writes the figures the README table reads."""

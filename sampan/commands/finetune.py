@@ -24,6 +24,7 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
                        choices={"task": TASKS, "method": METHODS, "save": SAVE_MODES, "pooling": ("cls", "mean"),
                                 "dpo.loss_type": LOSS_TYPES, "dpo.reference": REFERENCES},
                        metavars={"model": "DIR_OR_NAME", "data": "builtin|PATH", "augment_types": "TYPE[,TYPE...]",
+                                 "augment_gazetteer": "jieba|FILE[,...]",
                                  "freeze": "PREFIX[,PREFIX...]", "lora_targets": "NAME[,NAME...]",
                                  "chat.chat_template": "JINJA_OR_FILE"},
                        consts=RESUME_FLAG)

@@ -5,7 +5,8 @@ A copy of a training sentence gets each of its entities replaced by another ment
 type drawn from the training split, offsets moved to match. The model then sees 钱其琛 in the
 contexts 龚学平 had, and has to tag a name by its shape and its context (a title before it, 同志
 after it) instead of by having seen those very characters as a name. Only the training split is
-augmented and the mentions come from it alone; a copy whose text occurs in dev or test, or that
+augmented and the mentions come from it (plus, when given, a gazetteer of outside names:
+``sampan.finetune.gazetteer``); a copy whose text occurs in dev or test, or that
 grows past the window length, is dropped, so an evaluation never scores text the model trained on.
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from sampan.finetune.data import TaskExample
 
@@ -48,9 +49,13 @@ def replace_mentions(example: TaskExample, pool: dict[str, Sequence[str]], rng: 
 
 
 def augment_ner(train: Sequence[TaskExample], copies: int, max_chars: int, seed: int,
-                held_out_texts: Iterable[str] = (), types: Collection[str] = ()) -> list[TaskExample]:
+                held_out_texts: Iterable[str] = (), types: Collection[str] = (),
+                gazetteer: Mapping[str, Sequence[str]] | None = None) -> list[TaskExample]:
     """``copies`` mention-replaced copies of each training sentence that has entities of ``types``
     (all types when empty); only those entities are replaced.
+
+    Replacements are drawn from the training split's mentions of the type, joined by
+    ``gazetteer``'s names of that type (each name once, uniformly over the union).
 
     Returns only the new examples (the caller appends them). Copies longer than ``max_chars``
     characters, or whose text is in ``held_out_texts`` (dev and test) or already in ``train``,
@@ -61,6 +66,8 @@ def augment_ner(train: Sequence[TaskExample], copies: int, max_chars: int, seed:
     if copies == 0:
         return []
     pool = mention_pool(train)
+    for kind, names in (gazetteer or {}).items():
+        pool[kind] = list(dict.fromkeys([*pool.get(kind, []), *names]))
     seen = {ex.text for ex in train} | set(held_out_texts)
     rng = random.Random(seed)
     out = []

@@ -79,6 +79,9 @@ class FinetuneConfig:
             sentence that has entities, every entity swapped for a random training mention of its
             type (``sampan.finetune.augment``); 0 = none. Dev and test are never augmented.
         augment_types: the entity types whose mentions are replaced (empty: all).
+        augment_gazetteer: ner: outside names that join the training mentions as replacements:
+            "jieba" (ORG / LOC names from jieba's dictionary, filtered by their endings) and / or
+            files of ``mention<TAB>TYPE`` lines (``sampan.finetune.gazetteer``). Empty: none.
         silver_corpora: ner only: corpus names (``sampan data`` corpora such as "reviews") whose
             train-split sentences, tagged by Baidu LAC, join the training split as silver labels
             (``sampan.finetune.silver``); dev and test stay gold. Empty: none.
@@ -153,6 +156,7 @@ class FinetuneConfig:
     embedding_lora_alpha: float = 8.0
     augment_mentions: int = 0
     augment_types: tuple[str, ...] = ()
+    augment_gazetteer: tuple[str, ...] = ()
     silver_corpora: tuple[str, ...] = ()
     silver_max_sentences: int = 3000
     tag_transitions: bool = True
@@ -177,6 +181,7 @@ class FinetuneConfig:
         resolve_nested(self)
         self.lora_targets, self.freeze = _names(self.lora_targets), _names(self.freeze)
         self.augment_types = _names(self.augment_types)
+        self.augment_gazetteer = _names(self.augment_gazetteer)
         self.silver_corpora = _names(self.silver_corpora)
         need(self.task in TASKS, "task", f"must be one of {list(TASKS)}")
         need(self.method in METHODS, "method", f"must be one of {list(METHODS)}")
@@ -223,6 +228,8 @@ class FinetuneConfig:
              "dropout", "must be None (the base's) or in [0, 1)")
         need(self.augment_mentions == 0 or self.task == "ner", "augment_mentions",
              "replaces entity mentions, so it applies to task='ner' only; set it to 0")
+        need(not self.augment_gazetteer or self.augment_mentions > 0, "augment_gazetteer",
+             "adds replacement names for mention replacement, so it needs augment_mentions > 0")
         if self.embedding_lora_rank and self.method == "full" and not any(WORD_EMBEDDINGS.startswith(f)
                                                                           for f in self.freeze):
             raise ValueError(f"FinetuneConfig.embedding_lora_rank={self.embedding_lora_rank} adds an update to a table "

@@ -23,6 +23,7 @@ from sampan.finetune.evaluate import (
     predict_logits,
     score,
 )
+from sampan.finetune.gazetteer import load_gazetteer
 from sampan.finetune.result import FinetuneResult
 from sampan.finetune.task_model import apply_method, save_task_model, trainable_state
 from sampan.trainer import Trainer, TrainerCallback
@@ -108,8 +109,11 @@ def finetune(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = None
     base = load_base(cfg.model, [ex.text for ex in data.train], cfg.tokenizer_vocab_size)
     originals = len(data.train)  # the tag-bigram prior is counted on these, not on augmented copies
     if cfg.augment_mentions:  # after load_base: a tokenizer trained here sees the real sentences only
+        names = load_gazetteer(cfg.augment_gazetteer, [label[2:] for label in data.labels if label.startswith("B-")]) if cfg.augment_gazetteer else None
+        if names:
+            print("gazetteer: " + ", ".join(f"{len(v):,} {k}" for k, v in sorted(names.items())) + " outside names")
         extra = augment_ner(data.train, cfg.augment_mentions, cfg.max_length - 2, training.seed,
-                            [ex.text for ex in data.dev + data.test], cfg.augment_types)
+                            [ex.text for ex in data.dev + data.test], cfg.augment_types, names)
         print(f"mention replacement: {len(extra):,} augmented training sentences beside {len(data.train):,}")
         data.train.extend(extra)
     if cfg.save == "adapter" and base.directory is None:
@@ -176,6 +180,7 @@ def finetune(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = None
         "features": list(base.feature_names), "data": cfg.data, "data_sizes": data.sizes(),
         "steps": steps, "learning_rate": training.learning_rate, "batch_size": batch,
         "augment_mentions": cfg.augment_mentions, "augment_types": list(cfg.augment_types),
+        "augment_gazetteer": list(cfg.augment_gazetteer),
         "config_overrides": overrides,
     }
     if transitions is not None:
