@@ -548,6 +548,7 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     results: dict[str, Any] = {"benchmark": "tasks", "timestamp": timestamp(), "machine": machine_info(),
+                               "command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
                                "quick": bool(args.quick)}
     sections = [("sentiment", sentiment), ("ner", ner), ("ner_modern", ner_modern), ("ner_paragraphs", ner_paragraphs),
                 ("int8_vs_fp32", int8_vs_fp32), ("throughput", throughput)]
