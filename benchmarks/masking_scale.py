@@ -108,6 +108,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="more recipe settings for every run (as `sampan hub build ernie-mini-zh --set`)")
     parser.add_argument("--work-dir", default="outputs/bench/masking_scale", help="where each run's model is stored")
+    parser.add_argument("--collect", action="store_true",
+                        help="start no run: write the result from the runs already finished (the others as not done)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--quick", action="store_true", help="a tiny run of every piece (for a check)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "masking_scale.json"))
@@ -132,7 +134,7 @@ def main(argv: list[str] | None = None) -> dict:
             out_root = Path(args.work_dir) / name
             run = {"masking": masking, "seed": seed, "steps": args.steps}
             card = finished_card(out_root, pairs)
-            if card is None and not paused:
+            if card is None and not paused and not args.collect:
                 left = args.max_minutes - (time.perf_counter() - started) / 60 if args.max_minutes else 0.0
                 if args.max_minutes and left <= 0:
                     paused = True

@@ -147,6 +147,29 @@ def test_knowledge_masking_quick_pretrains_and_fine_tunes_each_run(tmp_path):
         assert ner["steps"] == 2 and 0 <= ner["test"]["f1"] <= 1 and {"PER_f1", "LOC_f1"} <= set(ner["test"])
 
 
+@pytest.mark.timeout(600)
+def test_masking_scale_quick_runs_the_recipe_and_collect_starts_nothing(tmp_path):
+    """Each arm is the ernie-mini-zh recipe at its masking and seed; --collect writes the result from
+    the finished runs' cards and leaves an unfinished seed as not done, without training it."""
+    script = str(ROOT / "benchmarks" / "masking_scale.py")
+    env = {**os.environ, "SAMPAN_HOME": str(tmp_path / "home")}
+    common = ["--quick", "--work-dir", str(tmp_path / "work")]
+    subprocess.run([sys.executable, script, *common, "--seeds", "0", "--out", str(tmp_path / "a.json")],
+                   check=True, capture_output=True, text=True, timeout=580, env=env)
+    first = json.loads((tmp_path / "a.json").read_text())
+    assert {r["status"] for r in first["runs"].values()} == {"done"} and set(first["runs"]) == {"char-seed0", "knowledge-seed0"}
+    for run in first["runs"].values():
+        assert run["metrics"]["steps"] == 6 and run["metrics"]["heldout_mlm_loss"] > 0
+    subprocess.run([sys.executable, script, *common, "--seeds", "0,1", "--collect", "--out", str(tmp_path / "b.json")],
+                   check=True, capture_output=True, text=True, timeout=120, env=env)
+    both = json.loads((tmp_path / "b.json").read_text())
+    assert both["runs"]["char-seed0"]["metrics"] == first["runs"]["char-seed0"]["metrics"]
+    assert both["runs"]["char-seed1"]["status"] == both["runs"]["knowledge-seed1"]["status"] == "not started"
+    assert not (tmp_path / "work" / "char-seed1").exists()
+    assert set(both["summary"]["knowledge_minus_char"]) == {"seed0"}
+    assert both["summary"]["mean"]["char"]["seeds"] == 1
+
+
 def test_paired_accuracy_difference():
     """The paired bootstrap: identical verdicts give exactly 0; a system right on 30 more of 100
     examples differs by +0.30 with an interval around it that excludes 0; bad input is refused."""
