@@ -108,7 +108,15 @@ def test_layout_returns_eager_regions_in_reading_order_for_every_container(layou
                           for d in Detector.from_pretrained(detector_dir).predict(page, **OPTIONS)])
     assert len(found) >= 3 and [r["label"] for r in found] == [r["label"] for r in want]
     assert all(r["label"] in CLASSES and set(r) == {"label", "score", "box"} for r in found)
-    np.testing.assert_allclose([r["box"] for r in found], [r["box"] for r in want], atol=0.06)
+    # The same regions as eager's, compared as sets: regions whose reading-order keys tie keep the
+    # detector's score order, and the export's scores differ from eager's in the sixth decimal, so
+    # near-equal scores may come in either order (seen with a random tiny detector's page-wide boxes).
+    unmatched = list(want)
+    for r in found:  # each Taskflow region is one of eager's (label, box within the rounding)
+        match = next((w for w in unmatched if w["label"] == r["label"]
+                      and np.allclose(w["box"], r["box"], atol=0.06)), None)
+        assert match is not None, f"{r} is none of eager's regions"
+        unmatched.remove(match)
     for r in found:
         x0, y0, x1, y1 = r["box"]
         assert 0 <= x0 <= x1 <= page.width and 0 <= y0 <= y1 <= page.height
