@@ -14,6 +14,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -151,6 +152,12 @@ def load_average() -> list[float] | None:
         return [round(x, 2) for x in os.getloadavg()]
     except OSError:
         return None
+
+
+def command_line(argv: list[str] | None) -> str:
+    """The command that made a result: ``python SCRIPT ARGS`` (``argv`` as given to ``main``, else the
+    process's own arguments)."""
+    return "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
 
 
 def timestamp() -> str:

@@ -15,10 +15,13 @@ their cards, not rerun). Each is scored as the recipe scores: held-out MLM loss 
 masking of 256 held-out rows), char MLM accuracy (512 rows) and whole-entity cloze (1,000 gold
 entities of held-out People's Daily).
 
-Budget: 1,200 steps per run. At the 3.4 s of CPU one ernie-mini step takes at 1 thread (batch
-32 x 128, measured for the recipe), the 4 runs cost 4 x 1,200 x 3.4 s = 16,300 s = 4.5 hours of one
-core, about 2 sittings; 1,200 steps is ~1 pass over the 41K packed rows, where ernie-tiny's held-out
-loss had already flattened, and about a sixth of the recipe's 7,000.
+Budget: 1,200 steps per run by default. At the 3.4 s of CPU one ernie-mini step takes at 1 thread
+alone (batch 32 x 128, measured for the recipe; 4.4 s with the other core busy), the 4 runs cost
+4 x 1,200 x 3.4 s = 16,300 s = 4.5 hours of one core; 1,200 steps is ~1 pass over the 41K packed
+rows, where ernie-tiny's held-out loss had already flattened, and 40% of the recipe's
+3,000. The recorded result (results/masking_scale.json) is at ``--steps 600``: three of the four arms
+fitted one session. Runs resume within a machine only: their checkpoints live under
+``$SAMPAN_HOME/build``, and ``--collect`` writes the result from whichever arms finished.
 
 Run (one sitting, resumable):
     nohup nice -n 10 env OMP_NUM_THREADS=1 python benchmarks/masking_scale.py --max-minutes 80 \\
@@ -32,11 +35,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
-from _common import load_average, machine_info, set_threads, timestamp, write_json_atomic
+from _common import command_line, load_average, machine_info, set_threads, timestamp, write_json_atomic
 from sampan.hub import recipes
 from sampan.utils.config import to_dict
 
@@ -123,7 +125,7 @@ def main(argv: list[str] | None = None) -> dict:
     started = time.perf_counter()
     result = {
         "benchmark": "masking_scale", "timestamp": timestamp(), "machine": machine_info(),
-        "load_average_start": load_average(), "command": "python " + " ".join([sys.argv[0], *(argv or sys.argv[1:])]),
+        "load_average_start": load_average(), "command": command_line(argv),
         "recipe": RECIPE, "steps": args.steps, "seeds": seeds, "extra_settings": extra, "runs": {},
     }
     paused = False

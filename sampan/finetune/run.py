@@ -109,7 +109,7 @@ def finetune(cfg: FinetuneConfig, callbacks: list[TrainerCallback] | None = None
     base = load_base(cfg.model, [ex.text for ex in data.train], cfg.tokenizer_vocab_size)
     originals = len(data.train)  # the tag-bigram prior is counted on these, not on augmented copies
     if cfg.augment_mentions:  # after load_base: a tokenizer trained here sees the real sentences only
-        names = load_gazetteer(cfg.augment_gazetteer, [label[2:] for label in data.labels if label.startswith("B-")]) if cfg.augment_gazetteer else None
+        names = load_gazetteer(cfg.augment_gazetteer, data.entity_types)
         if names:
             print("gazetteer: " + ", ".join(f"{len(v):,} {k}" for k, v in sorted(names.items())) + " outside names")
         extra = augment_ner(data.train, cfg.augment_mentions, cfg.max_length - 2, training.seed,
