@@ -115,10 +115,13 @@ class Fleet:
                              "parameter-server mode is not part of sampan")
         if strategy is not None and not isinstance(strategy, DistributedStrategy):
             raise TypeError(f"strategy must be a fleet.DistributedStrategy, got {type(strategy).__name__}")
+        chosen = strategy if strategy is not None else default_strategy()
+        # Checked before joining: the launcher's WORLD_SIZE is known, so a layout that cannot fit fails
+        # on every rank at once instead of one rank leaving while the others wait in gloo's start-up.
+        self._check(chosen)
         env.init_process_group()
         self.__init__()
-        self.strategy = strategy if strategy is not None else default_strategy()
-        self._check(self.strategy)
+        self.strategy = chosen
         if strategy is not None:
             self._strategy_from = "fleet.init"
             self._topology()
@@ -127,7 +130,9 @@ class Fleet:
     def _check(self, strategy: DistributedStrategy) -> dict[str, int]:
         strategy.check_precision()
         strategy.check_recompute()
-        return strategy.resolve_degrees(dist.get_world_size())
+        # Before the group exists, its size is the launcher's WORLD_SIZE; a lone process gets one rank.
+        world = dist.get_world_size() if dist.is_initialized() else (env.world_size() if env.launched() else 1)
+        return strategy.resolve_degrees(world)
 
     def _topology(self) -> HybridCommunicateGroup:
         """The topology of the strategy in force, built on first use."""
