@@ -19,9 +19,9 @@ Budget: 1,200 steps per run by default. At the 3.4 s of CPU one ernie-mini step 
 alone (batch 32 x 128, measured for the recipe; 4.4 s with the other core busy), the 4 runs cost
 4 x 1,200 x 3.4 s = 16,300 s = 4.5 hours of one core; 1,200 steps is ~1 pass over the 41K packed
 rows, where ernie-tiny's held-out loss had already flattened, and 40% of the recipe's
-3,000. The recorded result (results/masking_scale.json) is at ``--steps 600``: three of the four arms
-fitted one session. Runs resume within a machine only: their checkpoints live under
-``$SAMPAN_HOME/build``, and ``--collect`` writes the result from whichever arms finished.
+3,000. The recorded result (results/masking_scale.json) is at ``--steps 600``, its four arms run over
+two sessions on one machine. Unfinished runs resume within a machine only: their checkpoints live
+under ``$SAMPAN_HOME/build``, and ``--collect`` writes the result from whichever arms finished.
 
 Run (one sitting, resumable):
     nohup nice -n 10 env OMP_NUM_THREADS=1 python benchmarks/masking_scale.py --max-minutes 80 \\
