@@ -93,6 +93,28 @@ def test_atomic_path_gives_a_temp_with_the_target_name_for_writers_that_take_a_p
     assert path.read_bytes() == b"new" and names(tmp_path) == ["report.png"]
 
 
+def test_atomic_path_gives_a_private_file_a_plain_files_mode(tmp_path: Path) -> None:
+    """safetensors' save_file creates its file 0600: installed, it reads like any new file."""
+    import torch
+    from safetensors.torch import save_file
+
+    probe = tmp_path / "probe"
+    probe.write_bytes(b"")
+    plain = probe.stat().st_mode & 0o777
+    path = tmp_path / "adapter.safetensors"
+    with atomic_path(path) as tmp:
+        save_file({"w": torch.zeros(2)}, str(tmp))
+    assert path.stat().st_mode & 0o777 == plain | 0o600
+    with atomic_path(tmp_path / "run.sh") as tmp:  # bits the writer set are kept
+        tmp.write_text("true\n")
+        os.chmod(tmp, 0o755)
+    assert (tmp_path / "run.sh").stat().st_mode & 0o777 == 0o755 | plain
+    with atomic_dir(tmp_path / "model") as tmp:  # and so does every file of a directory
+        (tmp / "sub").mkdir()
+        save_file({"w": torch.zeros(2)}, str(tmp / "sub" / "model.safetensors"))
+    assert (tmp_path / "model" / "sub" / "model.safetensors").stat().st_mode & 0o777 == plain | 0o600
+
+
 def test_atomic_path_failure_or_no_file_keeps_the_old_one(tmp_path: Path) -> None:
     path = tmp_path / "model.safetensors"
     path.write_bytes(b"old")

@@ -14,12 +14,14 @@ rather than ``os.replace`` / ``os.rename`` by hand:
 - ``fsync_dir`` / ``fsync_tree``: the fsyncs that make a rename durable.
 
 In each, data is fsynced before the rename and the directory after it, so a crash (or power loss)
-leaves either the old contents or the new, never a mixture. Imports nothing from sampan.
+leaves either the old contents or the new, never a mixture. What ``atomic_path`` and ``atomic_dir``
+install has at least a plain new file's permissions, whatever mode the writer gave it. Imports nothing from sampan.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import secrets
 import shutil
@@ -80,6 +82,30 @@ def move_into_place(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
     return dst
 
 
+@functools.lru_cache(maxsize=1)
+def _new_file_mode() -> int:
+    """The mode a plain new file gets here: 0o666 less the process umask (read from /proc, since
+    ``os.umask`` can only be read by setting it, which would race other threads)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o644
+
+
+def _plain_file_mode(path: Path) -> None:
+    # Some writers create their file private to the writer (safetensors' save_file: 0600), so a
+    # model built into a shared store would be unreadable by its other users; a written file gets
+    # at least the permissions any new file gets.
+    if path.is_file():
+        mode = path.stat().st_mode & 0o777
+        if mode | _new_file_mode() != mode:
+            os.chmod(path, mode | _new_file_mode())
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path to write ``path``'s new contents at; on success it replaces ``path``.
@@ -95,6 +121,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     try:
         tmp = work / path.name
         yield tmp
+        _plain_file_mode(tmp)
         move_into_place(tmp, path)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -151,6 +178,8 @@ def atomic_dir(target: str | os.PathLike, *, prefix: str | None = None,
     tmp = _new_dir(target.parent, f".{target.name}." if prefix is None else prefix)
     try:
         yield tmp
+        for item in tmp.rglob("*"):
+            _plain_file_mode(item)
         fsync_tree(tmp)
         if not target.exists():
             move_into_place(tmp, target)
