@@ -61,7 +61,7 @@ AGREE_ATOL = 1e-4
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="ernie-tiny-sentiment", help="stored model (default: %(default)s)")
+    parser.add_argument("--model", default="ernie-mini-sentiment", help="stored model (default: %(default)s)")
     parser.add_argument("--shapes", default=None, help="batch x length list (full: 32x128,4x57,1x20)")
     parser.add_argument("--repeats", type=int, default=None, help="timed blocks per engine and shape (full 5)")
     parser.add_argument("--block-seconds", type=float, default=None,

@@ -216,7 +216,7 @@ def test_predictor_quick(tmp_path):
     assert kernels["ort_onnxscript"]["share"].get("SkipLayerNormalization", 0) > 0
     assert "SkipLayerNormalization" not in kernels["ort_shipped"]["share"]
     norm = result["skip_layer_norm_kernel"]
-    assert norm["tensor"] == "2x16x256" and all(v > 0 for v in norm["ms"].values())
+    assert norm["tensor"].startswith("2x16x") and all(v > 0 for v in norm["ms"].values())
     cold = result["cold_start"]
     assert len(cold["runs_s"]["cached"]) == len(cold["runs_s"]["rewritten_at_load"]) == 1
     assert cold["first_use_s"] > 0 and cold["cached_s"] > 0

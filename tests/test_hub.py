@@ -15,9 +15,9 @@ import sampan.hub as hub
 from sampan.hub import recipes
 from sampan.store.models import SHIPPED_DIR, ModelNotFoundError, resolve
 
-SHIPPED = ("ernie-tiny-zh", "ernie-mini-zh", "ernie-tiny-sentiment", "ernie-tiny-ner", "gpt-zh", "chat-zh-tiny",
+SHIPPED = ("ernie-tiny-zh", "ernie-mini-zh", "ernie-mini-sentiment", "ernie-tiny-ner", "gpt-zh", "chat-zh-tiny",
            "ocr-det-zh", "ocr-rec-zh")
-INT8 = {"ernie-mini-zh"}  # stored int8 row-wise (sampan.models.weight_files.quantize_file)
+INT8 = {"ernie-mini-zh", "ernie-mini-sentiment"}  # stored int8 row-wise (sampan.models.weight_files.quantize_file)
 
 
 @pytest.fixture
@@ -43,13 +43,15 @@ def test_shipped_models_are_complete_fp16_or_int8_and_within_budget(home):
             with safe_open(str(w), framework="pt") as f:
                 dtypes = {f.get_slice(k).get_dtype() for k in f.keys()}
                 quantized = (f.metadata() or {}).get(QUANT_KEY) == INT8_ROWWISE
-            assert quantized == (name in INT8), (w, quantized)
+            # the n-gram half beside a sentiment adapter is two vectors: nothing to quantize row-wise
+            assert quantized == (name in INT8 and w.name != "ngram.safetensors"), (w, quantized)
             assert dtypes <= ({"F16", "I64", "I8"} if quantized else {"F16", "I64"}), (w, dtypes)
     # 30 MB for the four ERNIE / GPT models, + 6 MB for chat-zh-tiny (a 2.9M-parameter Llama in fp16,
     # 5.6 MB, and its own 67 KB tokenizer with the chat template), + 4 MB for OCR (ocr-det-zh 0.7 MB,
     # ocr-rec-zh 2.5 MB with its 6.6K-character charset, both fp16): 39.1 MB; + ernie-mini-zh (13.5M
     # parameters: 27 MB in fp16, 14 MB int8 row-wise). Issue 39 lets the store grow to 60 MB for a
-    # stronger base; int8 keeps room for the layout detector and a fine-tune of the new base.
+    # stronger base; int8 keeps room for the layout detector and a fine-tune of the new base:
+    # ernie-mini-sentiment, 9.6 MB with its adapter int8 (18 MB fp16), in place of ernie-tiny-sentiment's 5.4 MB.
     assert total <= 60 * 2**20, f"shipped models take {total / 2**20:.1f} MB, over the 60 MB budget"
 
 

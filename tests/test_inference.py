@@ -118,21 +118,21 @@ def test_cli_export_refuses_an_existing_directory(ernie, capsys):
 @pytest.mark.slow
 def test_cli_export_takes_a_store_name_and_an_adapter_layout_model(tmp_path, capsys):
     """The shipped sentiment model is a `--save adapter` directory (trained tensors over its base,
-    no config.json, no tokenizer): `sampan export ernie-tiny-sentiment` merges it over the base and
+    no config.json, no tokenizer): `sampan export ernie-mini-sentiment` merges it over the base and
     exports what Taskflow runs."""
     from sampan.finetune import load_task_model
     from sampan.hub import resolve
     from sampan.text.tokenizer import ChineseTokenizer
 
-    source = resolve("ernie-tiny-sentiment")
+    source = resolve("ernie-mini-sentiment")
     assert not (source / "model.safetensors").exists() and "base_model_dir" in json.loads(
         (source / "task.json").read_text(encoding="utf-8"))
     out = tmp_path / "sentiment-export"
-    assert cli_main(["export", "--model-dir", "ernie-tiny-sentiment", "--out", str(out)]) == 0
+    assert cli_main(["export", "--model-dir", "ernie-mini-sentiment", "--out", str(out)]) == 0
     capsys.readouterr()
     meta = json.loads((out / "task.json").read_text(encoding="utf-8"))
     assert "base_model_dir" not in meta and meta["labels"] == ["negative", "positive"]
-    base = resolve("ernie-tiny-zh")
+    base = resolve("ernie-mini-zh")
     assert (out / "tokenizer.json").read_bytes() == (base / "tokenizer.json").read_bytes()
     assert json.loads((out / "inference.json").read_text())["sampan_model"]["task"] == "sentiment_analysis"
     tokenizer = ChineseTokenizer.load(out / "tokenizer.json")

@@ -223,7 +223,7 @@ def test_tasks_listing_and_unknown_names():
     tasks = Taskflow.tasks()
     assert {"sentiment_analysis", "ner", "word_segmentation", "text_generation", "poetry_generation",
             "fill_mask"} <= set(tasks)
-    assert tasks["sentiment_analysis"]["default_model"] == "ernie-tiny-sentiment"
+    assert tasks["sentiment_analysis"]["default_model"] == "ernie-mini-sentiment"
     with pytest.raises(ValueError, match="unknown task 'translation'; tasks: chat, document, fill_mask, layout, ner"):
         Taskflow("translation")
     with pytest.raises(ValueError, match="unknown task 'sentiment'; did you mean 'sentiment_analysis'\\? tasks:"):
@@ -234,7 +234,7 @@ def test_tasks_listing_and_unknown_names():
     with pytest.raises(ValueError, match=r"sentiment_analysis does not take 'top_k' \(its options: none"):
         Taskflow("sentiment_analysis", top_k=3)
     with pytest.raises(ValueError, match="name two models; pass one"):
-        Taskflow("sentiment_analysis", model="ernie-tiny-sentiment", task_path="/elsewhere")
+        Taskflow("sentiment_analysis", model="ernie-mini-sentiment", task_path="/elsewhere")
     from sampan.hub import ModelNotFoundError
 
     with pytest.raises(ModelNotFoundError, match="unknown model 'no-such-model'"):

@@ -158,10 +158,11 @@ def register(subparsers) -> None:
     set_handler(lst, run_list)
     build = actions.add_parser(
         "build", help=f"run a model's recipe ({', '.join(RECIPE_NAMES)})",
-        description="Build a store model from corpora that ship in packages: ernie-tiny-zh (knowledge-masking "
-                    "pretraining), gpt-zh (causal LM), ernie-tiny-sentiment / ernie-tiny-ner (fine-tuned from "
-                    "ernie-tiny-zh, which must exist). Seeded: the same settings give the same model. Each "
-                    "recipe's settings are flags: sampan hub build NAME --help.",
+        description="Build a store model from corpora that ship in packages: ernie-tiny-zh / ernie-mini-zh "
+                    "(knowledge-masking pretraining), gpt-zh (causal LM), ernie-mini-sentiment (fine-tuned from "
+                    "ernie-mini-zh), ernie-tiny-sentiment / ernie-tiny-ner (from ernie-tiny-zh); the base must "
+                    "exist. Seeded: the same settings give the same model. Each recipe's settings are flags: "
+                    "sampan hub build NAME --help.",
         epilog="example:  sampan hub build ernie-tiny-sentiment --finetune.training.max_steps 300")
     recipes = build.add_subparsers(dest="recipe", metavar="NAME", required=True)
     for name in RECIPE_NAMES:

@@ -26,7 +26,7 @@ MODULES: dict[str, ModuleSpec] = {spec.name: spec for spec in (
                "Chinese text continuation (GPT trained on People's Daily 1998, 三国演义 and Tang poems); .generate(text=...)"),
     ModuleSpec("ernie_tiny", "fill_mask", "ernie-tiny-zh",
                "ernie-tiny pretrained with knowledge masking; .fill_mask(text=...)"),
-    ModuleSpec("senta_ernie_tiny", "sentiment_analysis", "ernie-tiny-sentiment",
+    ModuleSpec("senta_ernie_mini", "sentiment_analysis", "ernie-mini-sentiment",
                "review sentiment (positive / negative); .sentiment_classify(texts=[...])"),
     ModuleSpec("ner_ernie_tiny", "ner", "ernie-tiny-ner",
                "PER / LOC / ORG entities with offsets; .ner(texts=[...])"),

