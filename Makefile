@@ -91,7 +91,7 @@ bench: setup-dev bench-deps
 	$(BIN)/python benchmarks/planner.py
 	$(BIN)/python benchmarks/scale.py
 	$(BIN)/python benchmarks/to_static.py
-	$(BIN)/python benchmarks/tasks.py --finetune-steps 100
+	$(BIN)/python benchmarks/tasks.py
 	$(BIN)/python benchmarks/predictor.py
 	$(BIN)/python benchmarks/serving.py
 	$(BIN)/python benchmarks/decode.py

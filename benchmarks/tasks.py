@@ -49,9 +49,9 @@ from _common import (
 from _paired import paired_accuracy_difference
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "tasks.json"
-DEFAULTS = {"sentiment_examples": 0, "snownlp_train_examples": 0, "ner_sentences": 0, "finetune_steps": 250, "finetune_examples": 0,
+DEFAULTS = {"sentiment_examples": 0, "snownlp_train_examples": 0, "judge_train_examples": 0, "ner_sentences": 0, "finetune_steps": 250, "finetune_examples": 0,
             "finetune_eval_examples": 1000, "timing_repeats": 15, "c_search": True}
-QUICK = {"sentiment_examples": 64, "snownlp_train_examples": 500, "ner_sentences": 24, "finetune_steps": 3, "finetune_examples": 64,
+QUICK = {"sentiment_examples": 64, "snownlp_train_examples": 200, "judge_train_examples": 1000, "ner_sentences": 24, "finetune_steps": 3, "finetune_examples": 64,
          "finetune_eval_examples": 64, "timing_repeats": 1, "c_search": False}
 
 # The regularisation strengths the classical models choose from on the dev split, and the one each
@@ -67,6 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sentiment-examples", type=int, default=None, help="test reviews scored (0 = all)")
     parser.add_argument("--snownlp-train-examples", type=int, default=None,
                         help="training reviews snownlp's classifier is retrained on (0 = all)")
+    parser.add_argument("--judge-train-examples", type=int, default=None,
+                        help="training reviews each clean-subset judge is trained on (0 = its whole half)")
     parser.add_argument("--ner-sentences", type=int, default=None, help="test sentences scored (0 = all)")
     parser.add_argument("--finetune-steps", type=int, default=None,
                         help="steps of each LoRA / full fine-tune in the comparison (default: 250)")
@@ -198,12 +200,13 @@ def _snownlp_retrained(train) -> Any:
     return classifier
 
 
-def _clean_subset_judges(data, test, gold, cut: Callable[[str], list[str]]) -> tuple[np.ndarray, dict[str, Any]]:
+def _clean_subset_judges(data, test, gold, cut: Callable[[str], list[str]],
+                         limit: int = 0) -> tuple[np.ndarray, dict[str, Any]]:
     """Which test reviews two independent judges both agree with the label of (the "clean" subset).
 
     Judge A: multinomial naive Bayes on jieba word 1-2-gram counts, trained on one half of the
     training split; judge B: logistic regression on char 2-4-gram TF-IDF, trained on the other half
-    (the halves drawn with a seeded permutation). Neither is a system evaluated here, they share no
+    (the halves drawn with a seeded permutation; ``limit`` > 0 keeps that many of each, for a quick run). Neither is a system evaluated here, they share no
     training review and they read different units (words vs characters), so a review both call by
     its label is unlikely to carry a wrong label. The subset also leaves out the reviews that are
     hard for bag-of-n-gram models, which favours the TF-IDF baseline: read it as "where the label is
@@ -214,7 +217,8 @@ def _clean_subset_judges(data, test, gold, cut: Callable[[str], list[str]]) -> t
     from sklearn.naive_bayes import MultinomialNB
 
     order = np.random.default_rng(0).permutation(len(data.train))
-    halves = [[data.train[i] for i in order[: len(order) // 2]], [data.train[i] for i in order[len(order) // 2:]]]
+    halves = [_head([data.train[i] for i in order[: len(order) // 2]], limit),
+              _head([data.train[i] for i in order[len(order) // 2:]], limit)]
     words = CountVectorizer(tokenizer=cut, token_pattern=None, ngram_range=(1, 2))
     judge_a = MultinomialNB().fit(words.fit_transform([ex.text for ex in halves[0]]), [ex.label for ex in halves[0]])
     chars = TfidfVectorizer(analyzer="char", ngram_range=(2, 4), sublinear_tf=True)
@@ -296,7 +300,7 @@ def sentiment(args: argparse.Namespace) -> dict[str, Any]:
     if "ngram" in parts["test"]:
         components["ngram"] = label(parts["test"]["ngram"][:, positive_column]) == gold_arr
     cut = _word_cutter()
-    clean, judges = _clean_subset_judges(data, test, gold, cut)
+    clean, judges = _clean_subset_judges(data, test, gold, cut, args.judge_train_examples)
     hard_correct = {"sampan": np.array([r["label"] for r in hard_results]) == hard_gold,
                     "tfidf_lr": baseline_hard == hard_gold, "snownlp": label(snow_hard) == hard_gold,
                     "snownlp_retrained": label(snow_re_hard) == hard_gold,
