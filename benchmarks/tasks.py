@@ -206,8 +206,8 @@ def _clean_subset_judges(data, test, gold, cut: Callable[[str], list[str]],
 
     Judge A: multinomial naive Bayes on jieba word 1-2-gram counts, trained on one half of the
     training split; judge B: logistic regression on char 2-4-gram TF-IDF, trained on the other half
-    (the halves drawn with a seeded permutation; ``limit`` > 0 keeps that many of each, for a quick run). Neither is a system evaluated here, they share no
-    training review and they read different units (words vs characters), so a review both call by
+    (the halves drawn with a seeded permutation; ``limit`` > 0 keeps that many of each, for a quick
+    run). Neither is a system evaluated here, they share no training review and they read different units (words vs characters), so a review both call by
     its label is unlikely to carry a wrong label. The subset also leaves out the reviews that are
     hard for bag-of-n-gram models, which favours the TF-IDF baseline: read it as "where the label is
     surely right", not as a fair sample.
